@@ -1,0 +1,41 @@
+# Two commands do all the set-up: `make demo` and `make test`.
+# torch is installed first and pinned, so a machine without a GPU takes the CPU
+# wheel at hand instead of pulling a multi-GB CUDA build for `torch>=2.4`.
+# Elsewhere: make TORCH_SPEC='torch' TORCH_INDEX=https://download.pytorch.org/whl/cpu
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_INDEX_FLAG := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
+
+.PHONY: demo test install install-dev bench clean
+
+$(VENV)/.torch:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_INDEX_FLAG) "$(TORCH_SPEC)"
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.torch pyproject.toml
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.torch pyproject.toml
+	$(PIP) install -q -e ".[dev]"
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/gptlab run
+
+test: $(VENV)/.installed-dev
+	$(PY) -m pytest -n 2 -q
+
+bench: $(VENV)/.installed-dev
+	$(PY) bench/tokenizer_train.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info

@@ -1,0 +1,22 @@
+"""Byte-level BPE tokenizer: training, encoding, decoding, and interop with tiktoken and Hugging Face.
+
+    >>> from gptlab.tokenizer import Tokenizer
+    >>> tok = Tokenizer.train(["hello hello world"], vocab_size=260)
+    >>> tok.decode(tok.encode("hello world"))
+    'hello world'
+
+Pure Python and no torch: usable without the later stages.
+"""
+
+from gptlab.tokenizer.core import Tokenizer
+from gptlab.tokenizer.patterns import GPT2_PATTERN, GPT4_PATTERN, O200K_PATTERN, PATTERNS
+
+CL100K_SPECIAL_TOKENS = {
+    "<|endoftext|>": 100257,
+    "<|fim_prefix|>": 100258,
+    "<|fim_middle|>": 100259,
+    "<|fim_suffix|>": 100260,
+    "<|endofprompt|>": 100276,
+}
+
+__all__ = ["CL100K_SPECIAL_TOKENS", "GPT2_PATTERN", "GPT4_PATTERN", "O200K_PATTERN", "PATTERNS", "Tokenizer"]

@@ -1,0 +1,344 @@
+"""The Tokenizer: byte-level BPE encoding and decoding, with tiktoken's special-token rules.
+
+A tokenizer is a vocabulary (id -> bytes), an ordered list of merges (rank =
+list order), special tokens (str -> id) and a split pattern. Encoding cuts
+text at special tokens, splits it into pieces with the pattern, and applies
+merges to each piece's bytes, lowest rank first, as GPT-2's encoder.py and
+tiktoken do:
+
+    pieces of "hello world": ["hello", " world"]
+    b"hello": [h, e, l, l, o] -> [he, l, l, o] -> [he, ll, o] -> [hell, o] -> [hello]
+
+Pieces repeat a lot in real text, so encoded pieces are cached.
+
+Not here: training (gptlab.tokenizer.train), file formats (gptlab.tokenizer.formats).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+from gptlab.runtime import GptlabError
+from gptlab.tokenizer.patterns import compile_pattern, pattern_name, resolve_pattern, split
+from gptlab.tokenizer.specials import AllowedSpecial, SpecialMatcher, raise_disallowed, resolve_special_sets
+from gptlab.tokenizer.stream import stream_parts
+
+CACHE_LIMIT = 1 << 20  # encoded pieces kept before the cache is cleared (bounds memory on huge corpora)
+
+
+class Tokenizer:
+    """Byte-level BPE. Build it from a vocabulary and merges, train it, or load it."""
+
+    def __init__(
+        self,
+        vocab: Mapping[int, bytes],
+        merges: Sequence[tuple[bytes, bytes]],
+        special_tokens: Mapping[str, int] | Sequence[str] = (),
+        pattern: str | None = "gpt4",
+    ) -> None:
+        """`vocab` gives ids; `merges` are byte pairs in rank order; special tokens are text.
+
+        Special tokens given as a list take their ids from `vocab` when it holds
+        their bytes, else the next free ids.
+        """
+        self.pattern = resolve_pattern(pattern)
+        self.vocab: dict[int, bytes] = {int(i): bytes(token) for i, token in vocab.items()}
+        self.special_tokens = self._place_special_tokens(special_tokens)
+        self.merges: list[tuple[bytes, bytes]] = [(bytes(a), bytes(b)) for a, b in merges]
+        ids_of = {token: i for i, token in self.vocab.items() if i not in self.special_tokens.values()}
+        if len(ids_of) != len(self.vocab) - len(set(self.special_tokens.values()) & self.vocab.keys()):
+            raise GptlabError("vocab maps two ids to the same bytes")
+        missing = [byte for byte in range(256) if bytes([byte]) not in ids_of]
+        if missing:
+            raise GptlabError(f"vocab lacks {len(missing)} single-byte tokens (first: byte {missing[0]}); byte-level BPE needs all 256")
+        self._byte_ids = [ids_of[bytes([byte])] for byte in range(256)]
+        self._merge_table: dict[tuple[int, int], tuple[int, int]] = {}  # (left, right) -> (rank, merged id)
+        for rank, (left, right) in enumerate(self.merges):
+            for part in (left, right, left + right):
+                if part not in ids_of:
+                    raise GptlabError(f"merge {rank} ({left!r}, {right!r}) uses {part!r}, which is not in the vocab")
+            self._merge_table.setdefault((ids_of[left], ids_of[right]), (rank, ids_of[left + right]))
+        self._compiled = compile_pattern(self.pattern)
+        self._all_specials = SpecialMatcher(self.special_tokens)
+        self._cache: dict[str, list[int]] = {}
+
+    def _place_special_tokens(self, special_tokens: Mapping[str, int] | Sequence[str]) -> dict[str, int]:
+        if isinstance(special_tokens, Mapping):
+            placed = {str(token): int(i) for token, i in special_tokens.items()}
+        else:
+            if len(set(special_tokens)) != len(special_tokens):
+                raise GptlabError(f"special tokens repeat: {list(special_tokens)}")
+            by_bytes = {token: i for i, token in self.vocab.items()}
+            next_id = max(self.vocab, default=-1) + 1
+            placed = {}
+            for token in special_tokens:
+                if token.encode("utf-8") in by_bytes:
+                    placed[token] = by_bytes[token.encode("utf-8")]
+                else:
+                    placed[token], next_id = next_id, next_id + 1
+        for token, i in placed.items():
+            if not token:
+                raise GptlabError("a special token cannot be empty")
+            if self.vocab.setdefault(i, token.encode("utf-8")) != token.encode("utf-8"):
+                raise GptlabError(f"special token {token!r} has id {i}, which the vocab gives to {self.vocab[i]!r}")
+        if len(set(placed.values())) != len(placed):
+            raise GptlabError(f"special tokens share ids: {placed}")
+        return placed
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, special tokens included (max id + 1)."""
+        return max(self.vocab) + 1
+
+    @property
+    def eot_id(self) -> int | None:
+        """Id of the end-of-text / document separator token, if any."""
+        for name in ("<|endoftext|>", "<|end_of_text|>", "</s>", "<|eot|>"):
+            if name in self.special_tokens:
+                return self.special_tokens[name]
+        return None
+
+    def fingerprint(self) -> str:
+        """A short hash of everything that decides the ids, to tie data shards to their tokenizer."""
+        digest = hashlib.sha256()
+        digest.update(json.dumps([self.pattern, sorted(self.special_tokens.items())]).encode())
+        for i in sorted(self.vocab):
+            digest.update(i.to_bytes(4, "little") + len(self.vocab[i]).to_bytes(4, "little") + self.vocab[i])
+        for left, right in self.merges:
+            digest.update(len(left).to_bytes(4, "little") + left + right)
+        return digest.hexdigest()[:16]
+
+    def __repr__(self) -> str:
+        return (
+            f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}, "
+            f"special_tokens={len(self.special_tokens)}, pattern={pattern_name(self.pattern)!r})"
+        )
+
+    # ------------------------------------------------------------ encoding
+
+    def _encode_piece(self, piece: str) -> list[int]:
+        """BPE on one piece: repeatedly merge the adjacent pair of lowest rank (all its occurrences)."""
+        ids = [self._byte_ids[byte] for byte in piece.encode("utf-8")]
+        table = self._merge_table
+        while len(ids) > 1:
+            best = min(zip(ids, ids[1:]), key=lambda pair: table.get(pair, (1 << 62,))[0])
+            found = table.get(best)
+            if found is None:
+                break
+            new, left, right = found[1], best[0], best[1]
+            merged, i, n = [], 0, len(ids)
+            while i < n:
+                if i + 1 < n and ids[i] == left and ids[i + 1] == right:
+                    merged.append(new)
+                    i += 2
+                else:
+                    merged.append(ids[i])
+                    i += 1
+            ids = merged
+        return ids
+
+    def _encode_pieces(self, pieces: Iterable[str], out: list[int]) -> None:
+        cache = self._cache
+        for piece in pieces:
+            ids = cache.get(piece)
+            if ids is None:
+                ids = self._encode_piece(piece)
+                if len(cache) >= CACHE_LIMIT:
+                    cache.clear()
+                cache[piece] = ids
+            out.extend(ids)
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        """Encode text, treating special tokens as plain text."""
+        out: list[int] = []
+        self._encode_pieces(split(text, self._compiled), out)
+        return out
+
+    def encode(
+        self,
+        text: str,
+        *,
+        allowed_special: AllowedSpecial = frozenset(),
+        disallowed_special: AllowedSpecial = "all",
+    ) -> list[int]:
+        """Encode text to ids. As in tiktoken, text spelling a special token raises unless allowed."""
+        allowed, disallowed = resolve_special_sets(self.special_tokens, allowed_special, disallowed_special)
+        if disallowed:
+            found = SpecialMatcher(disallowed).search(text)
+            if found is not None:
+                raise_disallowed(found)
+        if not allowed:
+            return self.encode_ordinary(text)
+        out: list[int] = []
+        for part, special in SpecialMatcher(allowed).split(text):
+            if special:
+                out.append(self.special_tokens[part])
+            else:
+                self._encode_pieces(split(part, self._compiled), out)
+        return out
+
+    def encode_iterable(
+        self,
+        texts: Iterable[str],
+        *,
+        allowed_special: AllowedSpecial = frozenset(),
+        disallowed_special: AllowedSpecial = "all",
+    ) -> Iterator[int]:
+        """Lazily encode the concatenation of `texts` (e.g. a file's lines) with bounded memory.
+
+        Gives exactly `encode("".join(texts))`.
+        """
+        allowed, disallowed = resolve_special_sets(self.special_tokens, allowed_special, disallowed_special)
+        matcher = SpecialMatcher(allowed | disallowed)
+        batch: list[str] = []
+        out: list[int] = []
+        for part, special in stream_parts(texts, matcher, self._compiled):
+            if not special:
+                batch.append(part)
+                if len(batch) < 4096:
+                    continue
+            self._encode_pieces(batch, out)
+            batch.clear()
+            if special:
+                if part in disallowed:
+                    raise_disallowed(part)
+                out.append(self.special_tokens[part])
+            yield from out
+            out.clear()
+        self._encode_pieces(batch, out)
+        yield from out
+
+    def encode_batch(
+        self,
+        texts: Sequence[str],
+        *,
+        workers: int | None = None,
+        allowed_special: AllowedSpecial = frozenset(),
+        disallowed_special: AllowedSpecial = "all",
+    ) -> list[list[int]]:
+        """Encode many texts, over all cores when the batch is large enough to pay for it."""
+        from gptlab.tokenizer.parallel import encode_batch
+
+        return encode_batch(
+            self, texts, workers=workers, allowed_special=allowed_special, disallowed_special=disallowed_special
+        )
+
+    # ------------------------------------------------------------ decoding
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        vocab = self.vocab
+        try:
+            return b"".join([vocab[i] for i in ids])
+        except (KeyError, TypeError):
+            bad = next(i for i in ids if not isinstance(i, int) or i not in vocab)
+            raise GptlabError(f"unknown token id {bad!r}: ids run 0..{self.vocab_size - 1} with gaps at unused ids") from None
+
+    def decode(self, ids: Iterable[int], errors: str = "replace") -> str:
+        """Decode ids to text; bytes that are not valid UTF-8 become U+FFFD, as in tiktoken."""
+        return self.decode_bytes(list(ids)).decode("utf-8", errors=errors)
+
+    def token_bytes(self, i: int) -> bytes:
+        return self.decode_bytes([i])
+
+    # ------------------------------------------------------------ construction, files, interop
+
+    @classmethod
+    def train(
+        cls,
+        texts: Iterable[str] | None = None,
+        *,
+        files: Sequence[str | os.PathLike] = (),
+        vocab_size: int,
+        pattern: str | None = "gpt4",
+        special_tokens: Sequence[str] = ("<|endoftext|>",),
+        workers: int | None = None,
+        progress: bool = False,
+    ) -> Tokenizer:
+        """Train byte-level BPE on documents (`texts` and/or `files`); ids: bytes, merges, specials.
+
+        `vocab_size` counts all ids. Special tokens in the text are boundaries no merge crosses.
+        """
+        from gptlab.tokenizer.train import count_pieces, learn_merges
+
+        special_tokens = list(dict.fromkeys(special_tokens))
+        n_merges = vocab_size - 256 - len(special_tokens)
+        if n_merges < 0:
+            raise GptlabError(
+                f"vocab_size {vocab_size} is too small: it must hold 256 byte tokens + {len(special_tokens)} special tokens"
+            )
+        if texts is None and not files:
+            raise GptlabError("nothing to train on: give texts or files")
+        regex_text = resolve_pattern(pattern)
+        counts = count_pieces(
+            texts=texts, files=files, pattern=regex_text, special_tokens=special_tokens, workers=workers, progress=progress
+        )
+        if not counts:
+            raise GptlabError("the training corpus is empty (no text outside special tokens)")
+        word_counts: dict[bytes, int] = {}
+        for piece, count in counts.items():
+            key = piece.encode("utf-8")
+            word_counts[key] = word_counts.get(key, 0) + count
+        merges = learn_merges(word_counts, n_merges, progress=progress)
+        vocab = {i: bytes([i]) for i in range(256)}
+        for left, right in merges:
+            vocab[len(vocab)] = left + right
+        return cls(vocab, merges, list(special_tokens), regex_text)
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        from gptlab.tokenizer.formats import save_tokenizer
+
+        return save_tokenizer(self, directory)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> Tokenizer:
+        from gptlab.tokenizer.formats import load_tokenizer
+
+        return load_tokenizer(directory)
+
+    @classmethod
+    def from_gpt2_files(
+        cls, encoder_json: str | os.PathLike, vocab_bpe: str | os.PathLike, pattern: str | None = "gpt2"
+    ) -> Tokenizer:
+        """GPT-2's `encoder.json` + `vocab.bpe` (ids identical to tiktoken's "gpt2")."""
+        from gptlab.tokenizer.formats import read_gpt2_files
+
+        vocab, merges, special_tokens = read_gpt2_files(encoder_json, vocab_bpe)
+        return cls(vocab, merges, special_tokens, pattern)
+
+    @classmethod
+    def from_tiktoken_file(
+        cls,
+        path: str | os.PathLike,
+        *,
+        pattern: str | None = "gpt4",
+        special_tokens: Mapping[str, int] | None = None,
+    ) -> Tokenizer:
+        """A tiktoken rank file (e.g. `cl100k_base.tiktoken`); merges are recovered from the ranks."""
+        from gptlab.tokenizer.formats import read_tiktoken_file
+
+        vocab, merges = read_tiktoken_file(path)
+        return cls(vocab, merges, special_tokens or {}, pattern)
+
+    def to_tiktoken(self, name: str = "gptlab"):
+        """A `tiktoken.Encoding` giving the same ids (needs the tiktoken package)."""
+        from gptlab.tokenizer.formats import to_tiktoken
+
+        return to_tiktoken(self, name)
+
+    def to_huggingface(self):
+        """A Hugging Face `tokenizers.Tokenizer` giving the same ids (needs the tokenizers package)."""
+        from gptlab.tokenizer.formats import to_huggingface
+
+        return to_huggingface(self)
+
+    def save_huggingface(self, path: str | os.PathLike) -> Path:
+        """Write a Hugging Face `tokenizer.json`."""
+        from gptlab.tokenizer.formats import save_huggingface
+
+        return save_huggingface(self, path)

@@ -1,0 +1,296 @@
+"""Tokenizer files: gptlab's own format, GPT-2's files, tiktoken rank files, Hugging Face tokenizer.json.
+
+gptlab's format is one human-readable JSON file, `DIR/tokenizer.json`:
+
+    {"format": "gptlab-bpe", "version": 1, "pattern": "<regex or null>",
+     "special_tokens": {"<|endoftext|>": 4095},
+     "vocab": [[0, "\\x00"], ..., [256, " t"], ...],      # id, token
+     "merges": [[" ", "t"], ...]}                         # in rank order
+
+A token is written as its text when its bytes are UTF-8, with a backslash
+doubled and any byte that is not valid UTF-8 written as \\xNN. Loading only
+parses JSON and checks it; it never executes anything.
+
+Not here: encoding (gptlab.tokenizer.core).
+"""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from gptlab.runtime import GptlabError, atomic_write_text
+
+FORMAT_NAME = "gptlab-bpe"
+FORMAT_VERSION = 1
+FILE_NAME = "tokenizer.json"
+
+
+# ------------------------------------------------------------ token <-> readable text
+
+
+def token_to_text(token: bytes) -> str:
+    """b"caf\\xc3\\xa9" -> "café"; b"\\xe4\\xb8" -> "\\\\xe4\\\\xb8"; backslashes doubled."""
+    return token.replace(b"\\", b"\\\\").decode("utf-8", errors="backslashreplace")
+
+
+def text_to_token(text: str) -> bytes:
+    return codecs.escape_decode(text.encode("utf-8"))[0]
+
+
+# ------------------------------------------------------------ gptlab format
+
+
+def save_tokenizer(tokenizer, directory: str | os.PathLike) -> Path:
+    directory = Path(directory)
+    specials = set(tokenizer.special_tokens.values())
+    lines = [
+        "{",
+        f'"format": {json.dumps(FORMAT_NAME)},',
+        f'"version": {FORMAT_VERSION},',
+        f'"pattern": {json.dumps(tokenizer.pattern)},',
+        f'"special_tokens": {json.dumps(tokenizer.special_tokens, ensure_ascii=False)},',
+        '"vocab": [',
+        ",\n".join(
+            json.dumps([i, token_to_text(tokenizer.vocab[i])], ensure_ascii=False)
+            for i in sorted(tokenizer.vocab)
+            if i not in specials
+        ),
+        "],",
+        '"merges": [',
+        ",\n".join(json.dumps([token_to_text(a), token_to_text(b)], ensure_ascii=False) for a, b in tokenizer.merges),
+        "]",
+        "}",
+    ]
+    path = directory / FILE_NAME
+    atomic_write_text(path, "\n".join(lines) + "\n")
+    return path
+
+
+def _require(condition: bool, path: Path, what: str) -> None:
+    if not condition:
+        raise GptlabError(f"{path} is not a valid gptlab tokenizer file: {what}")
+
+
+def load_tokenizer(directory: str | os.PathLike):
+    from gptlab.tokenizer.core import Tokenizer
+
+    directory = Path(directory)
+    path = directory / FILE_NAME if directory.is_dir() else directory
+    if not path.is_file():
+        raise GptlabError(f"no tokenizer at {directory} (expected {FILE_NAME}; make one with `gptlab tokenizer train`)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise GptlabError(f"{path} is truncated or not JSON: {error}") from None
+    _require(isinstance(data, dict) and data.get("format") == FORMAT_NAME, path, f"format is not {FORMAT_NAME!r}")
+    _require(data.get("version") == FORMAT_VERSION, path, f"version {data.get('version')!r}, this gptlab reads {FORMAT_VERSION}")
+    vocab, merges, specials = data.get("vocab"), data.get("merges"), data.get("special_tokens")
+    _require(isinstance(vocab, list) and all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], int) and isinstance(e[1], str) for e in vocab), path, "vocab must be a list of [id, token]")
+    _require(isinstance(merges, list) and all(isinstance(e, list) and len(e) == 2 and all(isinstance(t, str) for t in e) for e in merges), path, "merges must be a list of [token, token]")
+    _require(isinstance(specials, dict) and all(isinstance(i, int) for i in specials.values()), path, "special_tokens must map text to ids")
+    _require(data.get("pattern") is None or isinstance(data["pattern"], str), path, "pattern must be a string or null")
+    try:
+        token_vocab = {i: text_to_token(text) for i, text in vocab}
+        token_merges = [(text_to_token(a), text_to_token(b)) for a, b in merges]
+    except ValueError as error:
+        raise GptlabError(f"{path} has a badly escaped token: {error}") from None
+    _require(len(token_vocab) == len(vocab), path, "an id appears twice in vocab")
+    return Tokenizer(token_vocab, token_merges, specials, data["pattern"])
+
+
+# ------------------------------------------------------------ GPT-2 files
+
+
+@lru_cache(maxsize=1)
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-in for each byte, used by encoder.json, vocab.bpe and HF tokenizer.json.
+
+    Printable Latin-1 bytes stand for themselves; the other 68 bytes map to
+    U+0100 upwards, in byte order (so a space, 0x20, is "Ġ", U+0120).
+    """
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping = {byte: chr(byte) for byte in printable}
+    extra = 0
+    for byte in range(256):
+        if byte not in mapping:
+            mapping[byte] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+@lru_cache(maxsize=1)
+def unicode_to_byte() -> dict[str, int]:
+    return {char: byte for byte, char in byte_to_unicode().items()}
+
+
+def _unicode_to_bytes(text: str, source: Path) -> bytes:
+    reverse = unicode_to_byte()
+    try:
+        return bytes([reverse[char] for char in text])
+    except KeyError:
+        raise GptlabError(f"{source}: {text!r} is not a byte-level token") from None
+
+
+def read_gpt2_files(encoder_json, vocab_bpe) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]], dict[str, int]]:
+    encoder_path, merges_path = Path(encoder_json), Path(vocab_bpe)
+    for path in (encoder_path, merges_path):
+        if not path.is_file():
+            raise GptlabError(f"GPT-2 tokenizer file not found: {path}")
+    try:
+        encoder = json.loads(encoder_path.read_text(encoding="utf-8"))
+        lines = merges_path.read_text(encoding="utf-8").split("\n")
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise GptlabError(f"malformed GPT-2 tokenizer files: {error}") from None
+    if not isinstance(encoder, dict) or not all(isinstance(i, int) for i in encoder.values()):
+        raise GptlabError(f"{encoder_path} must map token strings to ids")
+    merge_lines = [line for line in lines[1:] if line.strip()] if lines and lines[0].startswith("#version") else [line for line in lines if line.strip()]
+    merges = []
+    for number, line in enumerate(merge_lines, start=2):
+        parts = line.split(" ")
+        if len(parts) != 2:
+            raise GptlabError(f"{merges_path}, line {number}: expected two tokens, got {line!r}")
+        merges.append((_unicode_to_bytes(parts[0], merges_path), _unicode_to_bytes(parts[1], merges_path)))
+    merged = {a + b for a, b in merges}
+    vocab: dict[int, bytes] = {}
+    special_tokens: dict[str, int] = {}
+    for text, i in encoder.items():
+        token = _unicode_to_bytes(text, encoder_path) if all(c in unicode_to_byte() for c in text) else None
+        if token is not None and (len(token) == 1 or token in merged):
+            vocab[i] = token
+        else:  # neither a byte nor made by a merge: a special token such as <|endoftext|>
+            special_tokens[text] = i
+    return vocab, merges, special_tokens
+
+
+# ------------------------------------------------------------ tiktoken rank files
+
+
+def read_tiktoken_file(path) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
+    """Parse `base64-token rank` lines and recover each token's merge from lower-ranked tokens."""
+    path = Path(path)
+    if not path.is_file():
+        raise GptlabError(f"tiktoken file not found: {path}")
+    ranks: dict[bytes, int] = {}
+    for number, line in enumerate(path.read_bytes().splitlines(), start=1):
+        if not line:
+            continue
+        try:
+            token_b64, rank = line.split()
+            ranks[base64.b64decode(token_b64, validate=True)] = int(rank)
+        except ValueError:
+            raise GptlabError(f"{path}, line {number}: expected '<base64 token> <rank>'") from None
+    return {rank: token for token, rank in ranks.items()}, merges_from_ranks(ranks)
+
+
+def merges_from_ranks(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+    """Recover merges from tiktoken ranks, in rank order.
+
+    tiktoken merges whichever adjacent pair concatenates to the lowest-ranked
+    token. Running that on a token's own bytes, with only lower-ranked tokens
+    allowed, leaves two parts: the merge that made it.
+    """
+    merges: list[tuple[bytes, bytes]] = []
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        if len(token) == 1:
+            continue
+        parts = [token[i : i + 1] for i in range(len(token))]
+        while len(parts) > 2:
+            best_rank, best = rank, -1
+            for i in range(len(parts) - 1):
+                pair_rank = ranks.get(parts[i] + parts[i + 1], rank)
+                if pair_rank < best_rank:
+                    best_rank, best = pair_rank, i
+            if best < 0:
+                break
+            parts[best : best + 2] = [parts[best] + parts[best + 1]]
+        if len(parts) != 2:
+            raise GptlabError(f"tiktoken token {token!r} (rank {rank}) cannot be built from lower-ranked tokens")
+        merges.append((parts[0], parts[1]))
+    return merges
+
+
+# ------------------------------------------------------------ export
+
+
+def _check_rank_order(tokenizer) -> None:
+    """tiktoken ranks merges by token id, so ids must grow with merge rank."""
+    ids_of = {token: i for i, token in tokenizer.vocab.items()}
+    previous = -1
+    for rank, (left, right) in enumerate(tokenizer.merges):
+        i = ids_of[left + right]
+        if i <= previous or i <= max(ids_of[bytes([b])] for b in range(256)):
+            raise GptlabError(f"cannot export to tiktoken: merge {rank} makes id {i}, but tiktoken needs ids increasing with merge rank")
+        previous = i
+
+
+def to_tiktoken(tokenizer, name: str):
+    try:
+        import tiktoken
+    except ImportError:
+        raise GptlabError("to_tiktoken needs the tiktoken package: pip install tiktoken") from None
+    _check_rank_order(tokenizer)
+    specials = set(tokenizer.special_tokens.values())
+    ranks = {token: i for i, token in tokenizer.vocab.items() if i not in specials}
+    # tiktoken needs a pattern; "no pre-split" is a pattern matching everything.
+    pattern = tokenizer.pattern if tokenizer.pattern is not None else r"[\s\S]+"
+    return tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=dict(tokenizer.special_tokens))
+
+
+def huggingface_json(tokenizer) -> dict:
+    """The tokenizer.json structure of Hugging Face `tokenizers`: byte-level BPE after a regex split."""
+    table = byte_to_unicode()
+
+    def show(token: bytes) -> str:
+        return "".join(table[b] for b in token)
+
+    specials = set(tokenizer.special_tokens.values())
+    pre_tokenizers = [{"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]
+    if tokenizer.pattern is not None:
+        split = {"type": "Split", "pattern": {"Regex": tokenizer.pattern}, "behavior": "Isolated", "invert": False}
+        pre_tokenizers.insert(0, split)
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {"id": i, "content": text, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+            for text, i in sorted(tokenizer.special_tokens.items(), key=lambda item: item[1])
+        ],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": pre_tokenizers},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": {show(token): i for i, token in sorted(tokenizer.vocab.items()) if i not in specials},
+            "merges": [[show(a), show(b)] for a, b in tokenizer.merges],
+        },
+    }
+
+
+def save_huggingface(tokenizer, path) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    atomic_write_text(path, json.dumps(huggingface_json(tokenizer), ensure_ascii=False))
+    return path
+
+
+def to_huggingface(tokenizer):
+    try:
+        from tokenizers import Tokenizer as HFTokenizer
+    except ImportError:
+        raise GptlabError("to_huggingface needs the tokenizers package: pip install tokenizers") from None
+    return HFTokenizer.from_str(json.dumps(huggingface_json(tokenizer), ensure_ascii=False))

@@ -1,0 +1,131 @@
+"""Pre-tokenization: the split patterns, and splitting text into pieces.
+
+BPE never merges across a piece boundary. A piece is one regex match; text the
+pattern does not match becomes a piece of its own, so nothing is ever dropped
+(the built-in patterns match every character anyway).
+
+    >>> split("Hello world!!", compile_pattern("gpt2"))
+    ['Hello', ' world', '!!']
+
+Not here: special tokens (gptlab.tokenizer.specials), BPE (gptlab.tokenizer.bpe).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import regex
+
+from gptlab.runtime import GptlabError
+
+# tiktoken's r50k/gpt2 pattern (same splits as GPT-2's original encoder.py).
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+# tiktoken's cl100k_base (GPT-4) pattern: case-insensitive contractions, digits in groups of 3.
+GPT4_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+    r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+)
+# tiktoken's o200k_base (GPT-4o) pattern: splits camel case, no leading space on punctuation runs.
+O200K_PATTERN = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+
+PATTERNS: dict[str, str] = {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN, "cl100k": GPT4_PATTERN, "o200k": O200K_PATTERN}
+NO_SPLIT = "none"
+
+
+def resolve_pattern(pattern: str | None) -> str | None:
+    """Map a pattern name (gpt2, gpt4, cl100k, o200k, none) to its regex; other strings are regexes.
+
+    Returns None for "no pre-split" (each text between special tokens is one piece).
+    """
+    if pattern is None or pattern == NO_SPLIT:
+        return None
+    regex_text = PATTERNS.get(pattern, pattern)
+    try:
+        regex.compile(regex_text)
+    except regex.error as error:
+        names = ", ".join([*PATTERNS, NO_SPLIT])
+        raise GptlabError(f"pattern {pattern!r} is neither a known name ({names}) nor a valid regex: {error}") from None
+    return regex_text
+
+
+def pattern_name(regex_text: str | None) -> str:
+    """The short name of a known pattern, for messages ("gpt4"), else "custom"."""
+    if regex_text is None:
+        return NO_SPLIT
+    for name, text in PATTERNS.items():
+        if text == regex_text:
+            return name
+    return "custom"
+
+
+def compile_pattern(pattern: str | None) -> regex.Pattern | None:
+    regex_text = resolve_pattern(pattern)
+    return None if regex_text is None else regex.compile(regex_text)
+
+
+def split(text: str, compiled: regex.Pattern | None) -> list[str]:
+    """Split `text` into pieces; the pieces always join back to `text`."""
+    if compiled is None:
+        return [text] if text else []
+    pieces = compiled.findall(text)
+    if sum(map(len, pieces)) == len(text):
+        return pieces
+    # The pattern skipped some characters: keep them as pieces of their own.
+    pieces, position = [], 0
+    for match in compiled.finditer(text):
+        if match.start() > position:
+            pieces.append(text[position : match.start()])
+        if match.end() > match.start():
+            pieces.append(match.group())
+        position = match.end()
+    if position < len(text):
+        pieces.append(text[position:])
+    return pieces
+
+
+# A piece ending this close to the end of a buffer may change once more text
+# arrives (a run of letters or spaces may go on), so it is held back. The
+# built-in patterns look at most one character past a match.
+STREAM_MARGIN = 64
+
+
+def split_stable(text: str, compiled: regex.Pattern | None, final: bool) -> tuple[list[str], str]:
+    """Split a buffer whose text may continue: return (final pieces, held-back tail).
+
+    Pieces ending within STREAM_MARGIN of the end are held back and must be
+    re-split together with the text that follows, so streaming gives exactly
+    the pieces of the whole text.
+    """
+    if final:
+        return split(text, compiled), ""
+    if compiled is None:
+        return [], text
+    pieces = split(text, compiled)
+    limit, end, kept = len(text) - STREAM_MARGIN, 0, 0
+    for piece in pieces:
+        if end + len(piece) > limit:
+            break
+        end += len(piece)
+        kept += 1
+    return pieces[:kept], text[end:]
+
+
+def stream_pieces(chunks: Iterator[str], compiled: regex.Pattern | None, buffer_chars: int = 1 << 20) -> Iterator[str]:
+    """Pieces of the concatenation of `chunks`, holding only about `buffer_chars` in memory."""
+    buffer = ""
+    for chunk in chunks:
+        buffer += chunk
+        if len(buffer) >= buffer_chars:
+            pieces, buffer = split_stable(buffer, compiled, final=False)
+            yield from pieces
+    yield from split(buffer, compiled)

@@ -1,0 +1,275 @@
+"""Training byte-level BPE: count pieces, then learn merges. The whole algorithm is in this file.
+
+1. Pre-tokenize. Each document (a file, or a string of `texts`) is cut at
+   special tokens, then split by the pattern into pieces; we count how often
+   each distinct piece occurs. Large inputs are counted in parallel worker
+   processes, over ranges that begin and end at document or special-token
+   boundaries, so the counts (and everything after) do not depend on the
+   number of workers or on chunking. Files are streamed, never read whole.
+
+       "the cat the" -> {"the": 1, " cat": 1, " the": 1}
+
+2. Learn merges. Every distinct piece is a "word": a list of token ids,
+   initially its bytes. We count adjacent pairs over all words, weighted by
+   word count, e.g. words {b"aab": 2, b"ab": 1} give pairs {(a, a): 2, (a, b): 3}.
+   Then, n_merges times: take the most frequent pair (ties go to the
+   lexicographically greatest pair of byte strings), give it a new id, and
+   rewrite the words that contain it. Only those words' pairs are re-counted
+   (an index maps each pair to the words holding it), and a heap finds the
+   best pair, so a merge costs time in proportion to what it changes.
+
+Not here: encoding (gptlab.tokenizer.bpe), file formats (gptlab.tokenizer.formats).
+"""
+
+from __future__ import annotations
+
+import codecs
+import functools
+import heapq
+import os
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from gptlab.runtime import GptlabError, default_workers, process_context
+from gptlab.tokenizer.patterns import compile_pattern
+from gptlab.tokenizer.specials import SpecialMatcher
+from gptlab.tokenizer.stream import stream_parts
+
+READ_BLOCK = 1 << 20  # bytes per read while streaming a file
+PARALLEL_MIN_BYTES = 4 << 20  # below this, worker start-up costs more than it saves
+TEXTS_PER_TASK_CHARS = 4 << 20
+
+
+# ---------------------------------------------------------------- 1. counting
+
+
+def read_text_chunks(path: Path, start: int = 0, end: int | None = None) -> Iterator[str]:
+    """Decode bytes [start, end) of a UTF-8 file block by block (a character may span two blocks)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    position = start
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        while end is None or position < end:
+            block = handle.read(READ_BLOCK if end is None else min(READ_BLOCK, end - position))
+            final = not block
+            try:
+                text = decoder.decode(block, final=final)
+            except UnicodeDecodeError as error:
+                raise GptlabError(
+                    f"{path} is not valid UTF-8 (bad byte near offset {position + error.start})"
+                ) from None
+            if text:
+                yield text
+            if final:
+                return
+            position += len(block)
+    tail = decoder.decode(b"", final=True) if end is not None else ""
+    if tail:
+        yield tail
+
+
+def count_text(chunks: Iterable[str], pattern: str | None, special_tokens: Sequence[str]) -> Counter[str]:
+    """Count the pieces of one document given as a stream of chunks; special tokens are boundaries."""
+    compiled = compile_pattern(pattern)
+    matcher = SpecialMatcher(special_tokens)
+    counts: Counter[str] = Counter()
+    batch: list[str] = []
+    for piece, special in stream_parts(chunks, matcher, compiled):
+        if not special:
+            batch.append(piece)
+            if len(batch) >= 1 << 16:
+                counts.update(batch)
+                batch.clear()
+    counts.update(batch)
+    return counts
+
+
+def _count_task(task: tuple, pattern: str | None, special_tokens: tuple[str, ...]) -> tuple[Counter[str], int]:
+    """Worker entry: ("file", path, start, end) or ("texts", [str, ...]); returns counts and bytes read."""
+    if task[0] == "file":
+        _, path, start, end = task
+        return count_text(read_text_chunks(Path(path), start, end), pattern, special_tokens), end - start
+    counts: Counter[str] = Counter()
+    for text in task[1]:
+        counts.update(count_text([text], pattern, special_tokens))
+    return counts, sum(len(text.encode("utf-8")) for text in task[1])
+
+
+def _next_boundary(handle, offset: int, size: int, needles: list[bytes]) -> int:
+    """The first offset >= `offset` where a special token starts, or the file size."""
+    overlap = max(map(len, needles)) - 1
+    position = offset
+    while position < size:
+        handle.seek(position)
+        block = handle.read(READ_BLOCK + overlap)
+        hits = [i for i in (block.find(needle) for needle in needles) if i >= 0]
+        if hits:
+            return position + min(hits)
+        position += READ_BLOCK
+    return size
+
+
+def file_ranges(path: Path, special_tokens: Sequence[str], target_bytes: int) -> list[tuple[int, int]]:
+    """Cut a file into ranges of about `target_bytes`, each starting at a special token (or 0)."""
+    size = path.stat().st_size
+    if not special_tokens or size <= target_bytes:
+        return [(0, size)]
+    needles = [token.encode("utf-8") for token in special_tokens]
+    starts = [0]
+    with open(path, "rb") as handle:
+        while starts[-1] + target_bytes < size:
+            boundary = _next_boundary(handle, starts[-1] + target_bytes, size, needles)
+            if boundary >= size:
+                break
+            starts.append(boundary)
+    return list(zip(starts, [*starts[1:], size]))
+
+
+def _tasks(texts: Iterable[str] | None, files: Sequence[Path], special_tokens: Sequence[str], target: int) -> Iterator[tuple]:
+    for path in files:
+        yield from (("file", str(path), start, end) for start, end in file_ranges(path, special_tokens, target))
+    batch: list[str] = []
+    size = 0
+    for text in texts or ():
+        batch.append(text)
+        size += len(text)
+        if size >= TEXTS_PER_TASK_CHARS:
+            yield ("texts", batch)
+            batch, size = [], 0
+    if batch:
+        yield ("texts", batch)
+
+
+def count_pieces(
+    *,
+    texts: Iterable[str] | None = None,
+    files: Sequence[str | os.PathLike] = (),
+    pattern: str | None,
+    special_tokens: Sequence[str] = (),
+    workers: int | None = None,
+    progress: bool = False,
+) -> Counter[str]:
+    """Count distinct pieces over all documents (files and texts), in parallel for large inputs."""
+    paths = [Path(path) for path in files]
+    for path in paths:
+        if not path.is_file():
+            raise GptlabError(f"input file not found: {path}")
+    workers = workers or default_workers()
+    file_bytes = sum(path.stat().st_size for path in paths)
+    text_chars = sum(map(len, texts)) if isinstance(texts, (list, tuple)) else 0
+    parallel = workers > 1 and (file_bytes + text_chars >= PARALLEL_MIN_BYTES or (texts is not None and not text_chars))
+    target = max(READ_BLOCK, file_bytes // (4 * workers) + 1) if parallel else max(file_bytes, 1)
+    tasks = _tasks(texts, paths, special_tokens, target)
+    count = functools.partial(_count_task, pattern=pattern, special_tokens=tuple(special_tokens))
+    total: Counter[str] = Counter()
+    bar = tqdm(total=(file_bytes + text_chars) or None, unit="B", unit_scale=True, desc="pre-tokenize", disable=not progress)
+    with bar:
+        if parallel:
+            with process_context().Pool(workers) as pool:
+                for counts, n_bytes in pool.imap_unordered(count, tasks):
+                    total.update(counts)
+                    bar.update(n_bytes)
+        else:
+            for task in tasks:
+                counts, n_bytes = count(task)
+                total.update(counts)
+                bar.update(n_bytes)
+    return total
+
+
+# ---------------------------------------------------------------- 2. merging
+
+
+def _heap_key(token: bytes) -> tuple[int, ...]:
+    """A key whose ascending order is the descending order of `token` (Python's heap pops the smallest).
+
+    Bytes are negated; the trailing 1 sorts a prefix after its extensions, since
+    b"ab" > b"a" must pop first.
+    """
+    return (*(-byte for byte in token), 1)
+
+
+def _merge_word(word: list[int], left: int, right: int, new: int) -> list[int]:
+    """[1, 2, 3, 1, 2] with (1, 2) -> 9 gives [9, 3, 9]."""
+    merged, i, n = [], 0, len(word)
+    while i < n:
+        if i + 1 < n and word[i] == left and word[i + 1] == right:
+            merged.append(new)
+            i += 2
+        else:
+            merged.append(word[i])
+            i += 1
+    return merged
+
+
+def learn_merges(
+    word_counts: dict[bytes, int], n_merges: int, progress: bool = False
+) -> list[tuple[bytes, bytes]]:
+    """Learn up to `n_merges` merges from distinct words (pieces as bytes) and their counts.
+
+    Token ids 0..255 are the bytes; merge i creates id 256 + i. Stops early
+    when no pair occurs any more.
+    """
+    token_bytes = [bytes([i]) for i in range(256)]
+    token_keys = [_heap_key(token) for token in token_bytes]
+    words = [list(word) for word in sorted(word_counts) if len(word) > 1]
+    counts = [word_counts[bytes(word)] for word in words]
+
+    pair_counts: dict[tuple[int, int], int] = defaultdict(int)
+    pair_words: dict[tuple[int, int], set[int]] = defaultdict(set)
+    for index, (word, count) in enumerate(zip(words, counts)):
+        for pair in zip(word, word[1:]):
+            pair_counts[pair] += count
+            pair_words[pair].add(index)
+
+    heap = [(-count, token_keys[a], token_keys[b], a, b) for (a, b), count in pair_counts.items()]
+    heapq.heapify(heap)
+
+    merges: list[tuple[bytes, bytes]] = []
+    with tqdm(total=n_merges, desc="merges", unit="merge", disable=not progress) as bar:
+        while len(merges) < n_merges and heap:
+            negative_count, _, _, left, right = heapq.heappop(heap)
+            pair = (left, right)
+            current = pair_counts.get(pair, 0)
+            if current != -negative_count:  # stale entry: its count has dropped since it was pushed
+                if current > 0:
+                    heapq.heappush(heap, (-current, token_keys[left], token_keys[right], left, right))
+                continue
+
+            new = len(token_bytes)
+            token_bytes.append(token_bytes[left] + token_bytes[right])
+            token_keys.append(_heap_key(token_bytes[new]))
+            merges.append((token_bytes[left], token_bytes[right]))
+
+            # Rewrite only the words holding the pair; collect the net change in pair counts.
+            delta: dict[tuple[int, int], int] = defaultdict(int)
+            for index in pair_words.pop(pair):
+                word = words[index]
+                merged = _merge_word(word, left, right, new)
+                if len(merged) == len(word):  # the index is lazy: this word lost the pair earlier
+                    continue
+                count = counts[index]
+                for old_pair in zip(word, word[1:]):
+                    delta[old_pair] -= count
+                for new_pair in zip(merged, merged[1:]):
+                    delta[new_pair] += count
+                    pair_words[new_pair].add(index)
+                words[index] = merged
+
+            for changed, change in delta.items():
+                if change == 0:
+                    continue
+                total = pair_counts[changed] + change
+                if total > 0:
+                    pair_counts[changed] = total
+                else:
+                    del pair_counts[changed]
+                if change > 0:  # counts of existing pairs only fall; a rise means a pair with the new token
+                    a, b = changed
+                    heapq.heappush(heap, (-total, token_keys[a], token_keys[b], a, b))
+            pair_counts.pop(pair, None)
+            bar.update(1)
+    return merges
