@@ -1,0 +1,1 @@
+"""The `gptlab` command: one module per verb. Parses, builds what is asked, dispatches; holds no logic."""

@@ -1,0 +1,153 @@
+"""`gptlab tokenizer train|encode|decode|show`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from gptlab.runtime import GptlabError, atomic_write_text
+
+
+def register(stages) -> None:
+    parser = stages.add_parser("tokenizer", help="train, use and inspect byte-level BPE tokenizers")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True, parser_class=type(parser))
+
+    train = verbs.add_parser("train", help="train a tokenizer on text files or a built-in corpus")
+    train.add_argument("--input", nargs="+", default=[], metavar="FILE", help="text files, directories or globs; each file is a document")
+    train.add_argument("--corpus", choices=["shakespeare"], help="train on a built-in corpus")
+    train.add_argument("--vocab-size", type=int, required=True, help="total ids: 256 bytes + merges + special tokens")
+    train.add_argument("--pattern", default="gpt4", help="split pattern: gpt2, gpt4, o200k, none, or a regex (default gpt4)")
+    train.add_argument("--special", action="append", metavar="TOKEN", help="a special token (repeatable; default <|endoftext|>)")
+    train.add_argument("--no-special", action="store_true", help="no special tokens at all")
+    train.add_argument("--workers", type=int, default=None, help="pre-tokenization processes (default: all cores)")
+    train.add_argument("--out", required=True, metavar="DIR", help="directory to write tokenizer.json into")
+    train.add_argument("--force", action="store_true", help="replace a tokenizer already in --out")
+    train.set_defaults(handler=run_train)
+
+    encode = verbs.add_parser("encode", help="text to ids (files or stdin), one line of ids per input")
+    _add_tokenizer_argument(encode)
+    encode.add_argument("files", nargs="*", metavar="FILE", help="input files (default: stdin)")
+    encode.add_argument("--allow-special", action="store_true", help="encode special tokens in the text as their ids")
+    encode.add_argument("--special-as-text", action="store_true", help="encode special tokens in the text as ordinary text")
+    encode.add_argument("--out", metavar="FILE", help="write here (atomically) instead of stdout")
+    encode.set_defaults(handler=run_encode)
+
+    decode = verbs.add_parser("decode", help="ids (whitespace-separated, files or stdin) to text")
+    _add_tokenizer_argument(decode)
+    decode.add_argument("files", nargs="*", metavar="FILE", help="files of ids (default: stdin)")
+    decode.add_argument("--out", metavar="FILE", help="write here (atomically) instead of stdout")
+    decode.set_defaults(handler=run_decode)
+
+    show = verbs.add_parser("show", help="show text with coloured token boundaries and stats")
+    _add_tokenizer_argument(show)
+    show.add_argument("text", metavar="TEXT|FILE", help="text to show, or a file holding it")
+    show.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    show.add_argument("--ids", action="store_true", help="also print the ids")
+    show.set_defaults(handler=run_show)
+
+
+def _add_tokenizer_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tokenizer", "-t", required=True, metavar="DIR|NAME", help="a tokenizer directory, or gpt2 / cl100k_base")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from gptlab.data.corpus import corpus_files, expand_inputs
+    from gptlab.tokenizer import Tokenizer
+    from gptlab.tokenizer.formats import FILE_NAME
+
+    if not args.input and not args.corpus:
+        raise GptlabError("nothing to train on: give --input FILE... or --corpus shakespeare")
+    out = Path(args.out)
+    if (out / FILE_NAME).exists() and not args.force:
+        raise GptlabError(f"{out / FILE_NAME} already exists; pass --force to replace it")
+    if args.no_special and args.special:
+        raise GptlabError("--special and --no-special contradict each other")
+    specials = [] if args.no_special else (args.special or ["<|endoftext|>"])
+    if args.workers is not None and args.workers < 1:
+        raise GptlabError(f"--workers must be at least 1, got {args.workers}")
+    files = expand_inputs(args.input) + (corpus_files(args.corpus) if args.corpus else [])
+    start = time.perf_counter()
+    tokenizer = Tokenizer.train(
+        files=files,
+        vocab_size=args.vocab_size,
+        pattern=args.pattern,
+        special_tokens=specials,
+        workers=args.workers,
+        progress=sys.stderr.isatty(),
+    )
+    seconds = time.perf_counter() - start
+    path = tokenizer.save(out)
+    size = sum(f.stat().st_size for f in files)
+    note = "" if tokenizer.vocab_size == args.vocab_size else f" (the corpus supports only {len(tokenizer.merges)} merges)"
+    print(f"trained {tokenizer} on {len(files)} files ({size / 1e6:.1f} MB) in {seconds:.1f} s{note}")
+    print(f"saved {path}")
+    return 0
+
+
+def _read_inputs(files: list[str]) -> list[str]:
+    if not files:
+        return [sys.stdin.read()]
+    texts = []
+    for name in files:
+        path = Path(name)
+        if not path.is_file():
+            raise GptlabError(f"input file not found: {name}")
+        try:
+            texts.append(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as error:
+            raise GptlabError(f"{name} is not valid UTF-8 (byte {error.start})") from None
+    return texts
+
+
+def _write_output(text: str, out: str | None) -> None:
+    if out:
+        atomic_write_text(out, text)
+    else:
+        sys.stdout.write(text)
+
+
+def run_encode(args: argparse.Namespace) -> int:
+    from gptlab.tokenizer.pretrained import load_any
+
+    tokenizer = load_any(args.tokenizer)
+    if args.allow_special and args.special_as_text:
+        raise GptlabError("--allow-special and --special-as-text contradict each other")
+    options = {"allowed_special": "all"} if args.allow_special else {}
+    if args.special_as_text:
+        options = {"disallowed_special": ()}
+    lines = [" ".join(map(str, tokenizer.encode(text, **options))) + "\n" for text in _read_inputs(args.files)]
+    _write_output("".join(lines), args.out)
+    return 0
+
+
+def run_decode(args: argparse.Namespace) -> int:
+    from gptlab.tokenizer.pretrained import load_any
+
+    tokenizer = load_any(args.tokenizer)
+    texts = []
+    for source in _read_inputs(args.files):
+        try:
+            ids = [int(word) for word in source.split()]
+        except ValueError as error:
+            raise GptlabError(f"ids must be whitespace-separated integers: {error}") from None
+        texts.append(tokenizer.decode(ids))
+    _write_output("\n".join(texts), args.out)
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    from gptlab.tokenizer.pretrained import load_any
+    from gptlab.tokenizer.show import render_tokens, token_stats
+
+    tokenizer = load_any(args.tokenizer)
+    path = Path(args.text)
+    text = _read_inputs([args.text])[0] if path.is_file() else args.text
+    ids = tokenizer.encode(text, allowed_special="all")
+    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+    print(render_tokens(tokenizer, ids, color=color))
+    if args.ids:
+        print(" ".join(map(str, ids)))
+    print(f"-- {token_stats(text, ids)}")
+    return 0

