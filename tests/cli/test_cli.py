@@ -1,0 +1,117 @@
+"""The `gptlab` command as a user runs it: outputs checked against the Python API, errors in one line."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gptlab.cli.main import main
+from gptlab.tokenizer import Tokenizer
+
+TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 40
+
+
+@pytest.fixture()
+def corpus(tmp_path: Path) -> list[Path]:
+    files = []
+    for i in range(3):
+        path = tmp_path / "corpus" / f"doc{i}.txt"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(TEXT + f"document {i} ünïcödé 世界\n", encoding="utf-8")
+        files.append(path)
+    return files
+
+
+@pytest.fixture()
+def trained(tmp_path: Path, corpus: list[Path]) -> Path:
+    out = tmp_path / "tok"
+    assert main(["tokenizer", "train", "--input", str(corpus[0].parent), "--vocab-size", "300", "--out", str(out)]) == 0
+    return out
+
+
+def test_cli_train_matches_the_python_api(tmp_path, corpus, trained):
+    reference = Tokenizer.train(files=corpus, vocab_size=300, pattern="gpt4", special_tokens=["<|endoftext|>"])
+    loaded = Tokenizer.load(trained)
+    assert loaded.merges == reference.merges
+    assert loaded.special_tokens == {"<|endoftext|>": 299}
+
+
+def test_cli_encode_decode_round_trip_through_files(tmp_path, corpus, trained, capsys):
+    ids_file = tmp_path / "ids.txt"
+    assert main(["tokenizer", "encode", "-t", str(trained), str(corpus[1]), "--out", str(ids_file)]) == 0
+    ids = [int(word) for word in ids_file.read_text().split()]
+    assert ids == Tokenizer.load(trained).encode(corpus[1].read_text(encoding="utf-8"))
+    assert main(["tokenizer", "decode", "-t", str(trained), str(ids_file)]) == 0
+    assert capsys.readouterr().out == corpus[1].read_text(encoding="utf-8")
+
+
+def test_cli_encode_special_tokens_follow_tiktoken_rules(tmp_path, trained, capsys):
+    text_file = tmp_path / "special.txt"
+    text_file.write_text("a<|endoftext|>b", encoding="utf-8")
+    assert main(["tokenizer", "encode", "-t", str(trained), str(text_file)]) == 1
+    assert "special token '<|endoftext|>'" in capsys.readouterr().err
+    assert main(["tokenizer", "encode", "-t", str(trained), "--allow-special", str(text_file)]) == 0
+    assert "299" in capsys.readouterr().out.split()
+
+
+def test_cli_show_prints_boundaries_and_stats(trained, capsys):
+    assert main(["tokenizer", "show", "-t", str(trained), "Speak, speak.", "--color", "never"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    ids = Tokenizer.load(trained).encode("Speak, speak.")
+    assert lines[0].count("|") == len(ids) - 1 and lines[0].replace("|", "") == "Speak, speak."
+    assert lines[-1] == f"-- {len(ids)} tokens, 13 characters, 13 bytes, {13 / len(ids):.2f} bytes/token"
+
+
+def test_cli_show_colours_tokens_when_asked(trained, capsys):
+    assert main(["tokenizer", "show", "-t", str(trained), "Speak", "--color", "always"]) == 0
+    assert "\x1b[" in capsys.readouterr().out
+
+
+def test_cli_train_refuses_to_overwrite_without_force(tmp_path, corpus, trained, capsys):
+    before = (trained / "tokenizer.json").read_bytes()
+    args = ["tokenizer", "train", "--input", str(corpus[0]), "--vocab-size", "280", "--out", str(trained)]
+    assert main(args) == 1
+    assert "--force" in capsys.readouterr().err
+    assert (trained / "tokenizer.json").read_bytes() == before
+    assert main(args + ["--force"]) == 0
+    assert Tokenizer.load(trained).vocab_size == 280
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["tokenizer", "train", "--input", "missing.txt", "--vocab-size", "300", "--out", "x"], "input not found: missing.txt"),
+        (["tokenizer", "train", "--input", "{corpus}", "--vocab-size", "100", "--out", "{out}"], "vocab_size 100 is too small"),
+        (["tokenizer", "decode", "-t", "{tok}", "{ids}"], "unknown token id 99999"),
+        (["tokenizer", "encode", "-t", "{bad}", "{corpus}"], "is truncated or not JSON"),
+        (["tokenizer", "encode", "-t", "{tok}", "{binary}"], "not valid UTF-8"),
+        (["tokenizer", "train", "--input", "{empty}", "--vocab-size", "300", "--out", "{out}"], "corpus is empty"),
+    ],
+)
+def test_cli_bad_input_gives_one_line_and_no_output(tmp_path, corpus, trained, capsys, args, message):
+    (tmp_path / "ids.txt").write_text("1 2 99999")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "tokenizer.json").write_text('{"format": "gptlab-bpe", "version": 1, "vocab": [')
+    (tmp_path / "binary.txt").write_bytes(b"ok \xff\xfe not utf-8")
+    (tmp_path / "empty.txt").write_text("")
+    names = {"corpus": corpus[0], "out": tmp_path / "new", "tok": trained, "ids": tmp_path / "ids.txt",
+             "bad": tmp_path / "bad", "binary": tmp_path / "binary.txt", "empty": tmp_path / "empty.txt"}
+    assert main([arg.format(**names) for arg in args]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "new").exists()
+
+
+def test_cli_usage_errors_exit_2_in_one_line():
+    result = subprocess.run([sys.executable, "-m", "gptlab.cli.main", "tokenizer", "train", "--vocab-size", "x"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "invalid int value" in result.stderr
+
+
+def test_cli_console_script_is_installed():
+    script = Path(sys.executable).parent / ("gptlab.exe" if os.name == "nt" else "gptlab")
+    result = subprocess.run([str(script), "--version"], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.startswith("gptlab ")

@@ -1,0 +1,61 @@
+"""The import graph between stages (STYLE.md, Layout): a forbidden edge fails here."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "gptlab"
+ALLOWED = {
+    "runtime": set(),
+    "tokenizer": {"runtime"},
+    "data": {"runtime", "tokenizer"},
+    "model": {"runtime"},
+    "infer": {"runtime", "model"},
+    "eval": {"runtime", "model", "data", "infer"},
+    "train": {"runtime", "model", "data", "eval"},
+    "cli": {"*"},
+    "pipeline": {"*"},
+}
+
+
+def _gptlab_imports(path: Path) -> set[str]:
+    stages = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "gptlab" and len(parts) > 1:
+                stages.add(parts[1])
+    return stages
+
+
+def test_layering_every_import_follows_the_stage_graph():
+    violations = []
+    for path in SRC.rglob("*.py"):
+        relative = path.relative_to(SRC)
+        stage = relative.parts[0].removesuffix(".py")
+        if stage == "__init__":
+            continue
+        allowed = ALLOWED.get(stage)
+        assert allowed is not None, f"{relative}: stage {stage!r} is not in the layering table"
+        for target in _gptlab_imports(path) - {stage}:
+            if target == "cli" or ("*" not in allowed and target not in allowed):
+                violations.append(f"{relative} imports gptlab.{target}")
+    assert not violations, "\n".join(violations)
+
+
+def test_tokenizer_imports_without_torch():
+    code = "import sys, gptlab.tokenizer, gptlab.tokenizer.train, gptlab.tokenizer.formats; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
+def test_import_gptlab_has_no_side_effects():
+    code = "import gptlab, gptlab.cli.main, gptlab.pipeline"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout == "" and result.stderr == ""
