@@ -26,6 +26,7 @@ from gptlab.runtime import GptlabError
 from gptlab.tokenizer.patterns import compile_pattern, pattern_name, resolve_pattern, split
 from gptlab.tokenizer.specials import AllowedSpecial, SpecialMatcher, raise_disallowed, resolve_special_sets
 from gptlab.tokenizer.stream import stream_parts
+from gptlab.tokenizer.train import count_pieces, learn_merges, merge_pair
 
 CACHE_LIMIT = 1 << 20  # encoded pieces kept before the cache is cleared (bounds memory on huge corpora)
 
@@ -131,16 +132,7 @@ class Tokenizer:
             found = table.get(best)
             if found is None:
                 break
-            new, left, right = found[1], best[0], best[1]
-            merged, i, n = [], 0, len(ids)
-            while i < n:
-                if i + 1 < n and ids[i] == left and ids[i + 1] == right:
-                    merged.append(new)
-                    i += 2
-                else:
-                    merged.append(ids[i])
-                    i += 1
-            ids = merged
+            ids = merge_pair(ids, best[0], best[1], found[1])
         return ids
 
     def _encode_pieces(self, pieces: Iterable[str], out: list[int]) -> None:
@@ -264,7 +256,6 @@ class Tokenizer:
 
         `vocab_size` counts all ids. Special tokens in the text are boundaries no merge crosses.
         """
-        from gptlab.tokenizer.train import count_pieces, learn_merges
 
         special_tokens = list(dict.fromkeys(special_tokens))
         n_merges = vocab_size - 256 - len(special_tokens)

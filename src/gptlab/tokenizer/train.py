@@ -192,7 +192,7 @@ def _heap_key(token: bytes) -> tuple[int, ...]:
     return (*(-byte for byte in token), 1)
 
 
-def _merge_word(word: list[int], left: int, right: int, new: int) -> list[int]:
+def merge_pair(word: list[int], left: int, right: int, new: int) -> list[int]:
     """[1, 2, 3, 1, 2] with (1, 2) -> 9 gives [9, 3, 9]."""
     merged, i, n = [], 0, len(word)
     while i < n:
@@ -248,7 +248,7 @@ def learn_merges(
             delta: dict[tuple[int, int], int] = defaultdict(int)
             for index in pair_words.pop(pair):
                 word = words[index]
-                merged = _merge_word(word, left, right, new)
+                merged = merge_pair(word, left, right, new)
                 if len(merged) == len(word):  # the index is lazy: this word lost the pair earlier
                     continue
                 count = counts[index]
