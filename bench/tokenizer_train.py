@@ -9,8 +9,8 @@ runs is shown, with the largest peak memory of those runs.
     .venv/bin/python bench/tokenizer_train.py             # all cases, best of 3
     .venv/bin/python bench/tokenizer_train.py --quick     # the small case and 4096 only
 
-Peak memory is `ru_maxrss` of the child itself plus `ru_maxrss` of its
-largest reaped child process (gptlab counts pieces in forked worker
+Peak memory is the peak RSS of the child itself (VmHWM) plus `ru_maxrss`
+of its largest reaped child process (gptlab counts pieces in forked worker
 processes; the others use threads). It is an estimate: workers that run at
 once are not summed, and pages a forked worker shares with its parent count
 twice.
@@ -28,6 +28,7 @@ import time
 from machine import header
 
 TRAINERS = ("gptlab", "hf-tokenizers", "rustbpe")
+SHORT_NAMES = {"gptlab": "gptlab", "hf-tokenizers": "hf", "rustbpe": "rustbpe"}
 SPECIAL_TOKENS = ["<|endoftext|>"]
 SMALL_TARGET_BYTES = 133_000  # the "133 KB class" corpus: one work of about this size
 CASES = [("small", 500), ("shakespeare", 4096), ("shakespeare", 32768)]
@@ -52,6 +53,22 @@ def load_corpus(name: str) -> tuple[str, list[str]]:
 
 
 # ---------------------------------------------------------------- trainers (run in the child)
+
+
+def own_peak_kib() -> int:
+    """This process's peak RSS in KiB.
+
+    VmHWM rather than ru_maxrss: Linux carries ru_maxrss across exec, so a
+    child started by subprocess would report at least its parent's peak.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def train_gptlab(documents: list[str], vocab_size: int) -> tuple[float, int, list[bytes]]:
@@ -109,10 +126,10 @@ def train_rustbpe(documents: list[str], vocab_size: int) -> tuple[float, int, li
 def run_child(trainer: str, corpus: str, vocab_size: int) -> None:
     """Train once and print one JSON line: seconds, peak and pre-train memory, vocab size, tokens."""
     _, documents = load_corpus(corpus)
-    before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before_kib = own_peak_kib()
     train = {"gptlab": train_gptlab, "hf-tokenizers": train_huggingface, "rustbpe": train_rustbpe}[trainer]
     seconds, learned_vocab, tokens = train(documents, vocab_size)
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    peak_kib = own_peak_kib() + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     report = {
         "seconds": seconds,
         "peak_mib": peak_kib / 1024,
@@ -150,7 +167,7 @@ def run_case(corpus: str, vocab_size: int, repeats: int) -> None:
     best = {trainer: min(run["seconds"] for run in runs[trainer]) for trainer in TRAINERS}
     peak = {trainer: max(run["peak_mib"] for run in runs[trainer]) for trainer in TRAINERS}
     figures = "  ".join(f"{trainer} {best[trainer]:.2f} s ({peak[trainer]:.0f} MiB)" for trainer in TRAINERS)
-    ratios = "  ".join(f"gptlab/{trainer} {best['gptlab'] / best[trainer]:.2f}" for trainer in TRAINERS[1:])
+    ratios = "  ".join(f"gptlab/{SHORT_NAMES[trainer]} {best['gptlab'] / best[trainer]:.2f}" for trainer in TRAINERS[1:])
     print(f"{label} -> {vocab_size}  {figures}  ratio {ratios}", flush=True)
 
     last = {trainer: runs[trainer][-1] for trainer in TRAINERS}
@@ -162,8 +179,9 @@ def run_case(corpus: str, vocab_size: int, repeats: int) -> None:
         f"hf-tokenizers {last['hf-tokenizers']['vocab_size']}, "
         f"rustbpe {last['rustbpe']['vocab_size']} (asked for {vocab_size - len(SPECIAL_TOKENS)}: no special tokens)"
     )
-    for trainer in TRAINERS[1:]:
-        print(f"    merges vs gptlab: {trainer} {agreement(last['gptlab']['tokens'], last[trainer]['tokens'])}")
+    for reference, other in [("gptlab", "hf-tokenizers"), ("gptlab", "rustbpe"), ("hf-tokenizers", "rustbpe")]:
+        tokens = last[reference]["tokens"], last[other]["tokens"]
+        print(f"    merges {reference} vs {other}: {agreement(*tokens)}")
     times = "  ".join(f"{trainer} " + "/".join(f"{run['seconds']:.2f}" for run in runs[trainer]) for trainer in TRAINERS)
     print(f"    all runs (s): {times}", flush=True)
 
@@ -183,7 +201,9 @@ def main() -> None:
         f"# GPT-4 split pattern, special tokens {SPECIAL_TOKENS} (rustbpe: none, so vocab_size - 1); default threads/workers (all cores)."
     )
     print(f"# time: best of {args.repeats}, train call only, each run in a fresh process; memory: largest peak RSS of those runs.")
-    print("# ratio > 1: gptlab is slower.")
+    print(f"# small case: the one Shakespeare work closest to {SMALL_TARGET_BYTES:,} bytes.")
+    print("# memory: the child's peak RSS + its largest worker's (gptlab counts in forked processes; the others use threads).")
+    print("# ratio = gptlab seconds / other seconds (> 1: gptlab is slower). Merge lists differ where pair counts tie.")
     cases = CASES[:2] if args.quick else CASES
     for corpus, vocab_size in cases:
         run_case(corpus, vocab_size, args.repeats)
