@@ -36,6 +36,7 @@ test: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed-dev
 	$(PY) bench/tokenizer_train.py
+	$(PY) bench/tokenizer_encode.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
