@@ -1,4 +1,4 @@
-"""`gptlab data get`: built-in corpora. (Shards and the loader come with the data stage.)"""
+"""`gptlab data get` (built-in corpora) and `gptlab data prepare` (token shards)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,49 @@ def register(stages) -> None:
     get.add_argument("--out", metavar="DIR", help="also copy the documents (one .txt per work) here")
     get.set_defaults(handler=run_get)
 
+    prepare = verbs.add_parser(
+        "prepare",
+        help="tokenize a source into shuffled token shards + manifest (resumable)",
+        description="SOURCE: shakespeare | files, globs, directories (.txt/.jsonl/.parquet) | hf:NAME[:CONFIG]",
+    )
+    prepare.add_argument("source", nargs="+", metavar="SOURCE")
+    prepare.add_argument("-t", "--tokenizer", required=True, metavar="DIR", help="tokenizer directory, or gpt2 / cl100k_base")
+    prepare.add_argument("--out", required=True, metavar="DIR")
+    prepare.add_argument("--val", type=_val, default=0.0, metavar="X", help="val split: a fraction of documents (0.01) or a token count (1000000, 5M)")
+    prepare.add_argument("--shard-tokens", type=_count, default=100_000_000, metavar="N", help="tokens per shard (default 100M)")
+    prepare.add_argument("--seed", type=int, default=1337, help="seed of the document shuffle")
+    prepare.add_argument("--no-shuffle", action="store_true", help="keep the source's document order")
+    prepare.add_argument("--text-field", default="text", help=".jsonl field / .parquet or dataset column (default text)")
+    prepare.add_argument("--separator", help=".txt: split files into documents on this string (default: a file is a document)")
+    prepare.add_argument("--split", default="train", help="Hugging Face dataset split (default train)")
+    prepare.add_argument("--workers", type=int, help="tokenizing processes (default: all cores)")
+    prepare.add_argument("--force", action="store_true", help="replace prepared data made with other arguments")
+    prepare.add_argument("--quiet", action="store_true", help="no progress bar")
+    prepare.set_defaults(handler=run_prepare)
+
+
+def _count(text: str) -> int:
+    """1000, 1_000, 5K, 100M, 2B."""
+    multiplier = {"K": 10**3, "M": 10**6, "B": 10**9}.get(text[-1:].upper(), 1)
+    number = text[:-1] if multiplier > 1 else text
+    try:
+        value = float(number.replace("_", "")) * multiplier
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r}") from None
+    if value != int(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"not a whole count: {text!r}")
+    return int(value)
+
+
+def _val(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        return float(_count(text))
+    if value < 0 or (value >= 1 and value != int(value)):
+        raise argparse.ArgumentTypeError(f"--val takes a fraction in [0, 1) or a whole token count, not {text!r}")
+    return value
+
 
 def run_get(args: argparse.Namespace) -> int:
     from gptlab.data.corpus import corpus_files
@@ -33,3 +76,34 @@ def run_get(args: argparse.Namespace) -> int:
             shutil.copyfile(path, out / path.name)
         print(f"copied to {out}")
     return 0
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    from gptlab.data.prepare import PrepareConfig, prepare_shards
+    from gptlab.data.sources import SourceOptions, open_source
+    from gptlab.tokenizer.pretrained import load_any
+
+    tokenizer = load_any(args.tokenizer)
+    options = SourceOptions(text_field=args.text_field, separator=args.separator, split=args.split)
+    source = open_source(args.source, options)
+    config = PrepareConfig(
+        val=args.val, shard_tokens=args.shard_tokens, seed=args.seed, shuffle=not args.no_shuffle,
+        workers=args.workers, progress=not args.quiet,
+    )
+    result = prepare_shards(source, tokenizer, args.out, config, force=args.force)
+    print(summary(result))
+    return 0
+
+
+def summary(result) -> str:
+    manifest = result.manifest
+    documents = manifest["documents"]
+    lines = [
+        f"{result.status} {result.out} in {result.seconds:.1f} s: {manifest['dtype']} shards of "
+        f"{manifest['shard_tokens']:,} tokens, tokenizer {manifest['tokenizer']['fingerprint']}",
+        f"  documents: {documents['read']:,} read, {documents['kept']:,} kept, {documents['empty_skipped']:,} empty skipped, "
+        f"{documents['utf8_replaced']:,} with bytes that were not UTF-8 (replaced with U+FFFD)",
+    ]
+    for split, entry in manifest["splits"].items():
+        lines.append(f"  {split}: {entry['tokens']:,} tokens, {entry['documents']:,} documents, {len(entry['shards'])} shards")
+    return "\n".join(lines)

