@@ -21,3 +21,8 @@ def test_run_trains_a_tokenizer_and_reports_held_out_compression(tmp_path, capsy
     ratio = len(text.encode()) / sum(len(tokenizer.encode(path.read_text(encoding="utf-8"))) for path in held_out)
     assert f"{ratio:.2f} bytes/token" in log
     assert ratio > 1.5  # 512 ids already compress English well beyond one byte per token
+    # The shards hold every work once, under the tokenizer just trained.
+    manifest = json.loads((out / "data" / "manifest.json").read_text())
+    assert manifest["tokenizer"]["fingerprint"] == tokenizer.fingerprint()
+    assert manifest["splits"]["train"]["documents"] + manifest["splits"]["val"]["documents"] == len(shakespeare_files())
+    assert f"train {manifest['splits']['train']['tokens']:,} tokens" in log
