@@ -1,0 +1,261 @@
+"""The decoder-only Transformer: GPT-2 exactly, and a Llama-style variant, in one readable file.
+
+    idx (B, T) -> token embedding (+ learned positions for GPT-2)
+               -> n_layer x Block: x = x + attn(norm(x)); x = x + mlp(norm(x))
+               -> final norm -> lm_head -> logits (B, T, vocab_size)
+
+GPT-2 (Radford et al., 2019): LayerNorm with bias, GELU (tanh approximation),
+fused qkv, tied embeddings. Llama-style (Touvron et al., 2023): RMSNorm,
+rotary position embeddings (Su et al., 2021) in the rotate-half layout that
+Hugging Face uses, SwiGLU MLP, no biases, grouped-query attention
+(Ainslie et al., 2023), optional QK-norm, untied embeddings.
+
+Attention runs through `F.scaled_dot_product_attention` (flash attention on
+CUDA) or, for reference, the explicit softmax(QK^T / sqrt(d)) V; tests prove
+them equal. Embedding and logit rows are padded to a multiple of 64; the
+padded logits are cut off before anyone sees them.
+
+Generation state (the KV cache) lives in gptlab.model.cache; this module
+only reads and appends to it. Single device, no optimizer, no tokenizer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gptlab.model.config import ModelConfig
+from gptlab.runtime import GptlabError
+
+ATTENTION_IMPLS = ("sdpa", "math")
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight, computed in float32 (as Hugging Face Llama does)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def make_norm(config: ModelConfig, dim: int | None = None) -> nn.Module:
+    dim = dim or config.n_embd
+    if config.arch == "gpt2":
+        return nn.LayerNorm(dim, eps=config.norm_eps, bias=config.bias)
+    return RMSNorm(dim, config.norm_eps)
+
+
+def rotary_tables(config: ModelConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (block_size, head_dim): angle = position * theta^(-2i/head_dim), halves repeated."""
+    inverse = 1.0 / (config.rope_theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float32, device=device) / config.head_dim))
+    angles = torch.outer(torch.arange(config.block_size, dtype=torch.float32, device=device), inverse)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (B, H, T, D) by position: the rotate-half form x*cos + (-x2, x1)*sin. cos/sin: (B or 1, 1, T, D)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
+        qkv_out = (self.n_head + 2 * self.n_kv_head) * self.head_dim
+        self.c_attn = nn.Linear(config.n_embd, qkv_out, bias=config.bias)  # fused q, k, v
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj.residual = True  # init scaled by 1/sqrt(2 n_layer)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.norm_eps)
+        self.impl = "sdpa"
+
+    def forward(self, x: torch.Tensor, rotary=None, cache=None, layer: int = 0, mask=None) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(
+            [self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim], dim=-1
+        )
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, n_head, T, head_dim)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv_head, T, head_dim)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if self.config.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rotary is not None:
+            cos, sin = rotary
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache is not None:
+            k, v = cache.append(layer, k, v)  # all keys/values so far: (B, n_kv_head, S, head_dim)
+        if self.n_kv_head != self.n_head:  # grouped-query: each kv head serves n_head / n_kv_head query heads
+            repeat = self.n_head // self.n_kv_head
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        dropout = self.config.dropout if self.training else 0.0
+        if self.impl == "sdpa":
+            if mask is None:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        else:
+            y = reference_attention(q, k, v, mask, dropout)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+
+def reference_attention(q, k, v, mask: torch.Tensor | None, dropout: float = 0.0) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + causal/padding mask) v, spelled out. mask: bool (B or 1, 1, T, S), True = may attend."""
+    T, S = q.shape[-2], k.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    if mask is None:
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    weights = F.dropout(F.softmax(scores.float(), dim=-1).to(q.dtype), p=dropout)
+    return weights @ v
+
+
+class MLP(nn.Module):
+    """GPT-2: GELU(x W_fc) W_proj. Llama: (SiLU(x W_gate) * x W_up) W_proj, gate and up fused in c_fc."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gated = config.arch == "llama"
+        hidden = config.hidden_dim
+        self.c_fc = nn.Linear(config.n_embd, 2 * hidden if self.gated else hidden, bias=config.bias)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
+        self.c_proj.residual = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gated:
+            gate, up = self.c_fc(x).chunk(2, dim=-1)
+            return self.c_proj(F.silu(gate) * up)
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.ln_1 = make_norm(config)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = make_norm(config)
+        self.mlp = MLP(config)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x, rotary=None, cache=None, layer: int = 0, mask=None):
+        x = x + self.dropout(self.attn(self.ln_1(x), rotary, cache, layer, mask))
+        return x + self.dropout(self.mlp(self.ln_2(x)))
+
+
+class GPT(nn.Module):
+    """The language model. `forward(idx, targets)` -> (logits, loss)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(config.padded_vocab_size, config.n_embd),
+                "drop": nn.Dropout(config.dropout),
+                "h": nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+                "ln_f": make_norm(config),
+            }
+        )
+        if config.arch == "gpt2":
+            self.transformer["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.transformer["wte"].weight
+        if config.arch == "llama":
+            cos, sin = rotary_tables(config)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """N(0, 0.02); residual projections N(0, 0.02 / sqrt(2 n_layer)); biases 0; norms 1 (GPT-2 paper, sec. 2.3)."""
+        if isinstance(module, nn.Linear):
+            std = 0.02 / math.sqrt(2 * self.config.n_layer) if getattr(module, "residual", False) else 0.02
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def set_attention(self, impl: str) -> GPT:
+        """"sdpa" (F.scaled_dot_product_attention: flash on CUDA) or "math" (the explicit reference)."""
+        if impl not in ATTENTION_IMPLS:
+            raise GptlabError(f"unknown attention implementation {impl!r}; use one of {', '.join(ATTENTION_IMPLS)}")
+        for block in self.transformer["h"]:
+            block.attn.impl = impl
+        return self
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        ignore_index: int = -100,
+        cache=None,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx (B, T) ids -> logits (B, T, vocab_size) and, with targets (B, T), the mean cross-entropy.
+
+        Targets equal to `ignore_index` do not count. For generation, `cache`
+        (gptlab.model.cache.KVCache) holds past keys/values, `positions` (B, T)
+        the position of each token (left-padded prompts start later), and
+        `mask` (B, 1, T, S) bool which cached keys each query may attend to.
+        """
+        B, T = idx.shape
+        start = cache.length if cache is not None else 0
+        if start + T > self.config.block_size:
+            raise GptlabError(f"sequence of {start + T} tokens is longer than the context ({self.config.block_size})")
+        if positions is None:
+            positions = torch.arange(start, start + T, device=idx.device).unsqueeze(0)  # (1, T)
+        x = self.transformer["wte"](idx)
+        rotary = None
+        if self.config.arch == "gpt2":
+            x = x + self.transformer["wpe"](positions)
+        else:
+            rotary = (self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1))  # (B|1, 1, T, D)
+        if mask is None and cache is not None and start > 0:
+            mask = torch.ones(T, start + T, dtype=torch.bool, device=idx.device).tril(diagonal=start)[None, None]
+        x = self.transformer["drop"](x)
+        for layer, block in enumerate(self.transformer["h"]):
+            x = block(x, rotary, cache, layer, mask)
+        if cache is not None:
+            cache.advance(T)
+        x = self.transformer["ln_f"](x)
+        logits = self.lm_head(x)[..., : self.config.vocab_size]  # padded rows are never seen
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=ignore_index)
+        return logits, loss
+
+    def num_params(self, embeddings: bool = True) -> int:
+        """Parameters (tied weights once); without embeddings: minus token and position tables (as in nanoGPT)."""
+        total = sum(p.numel() for p in self.parameters())
+        if not embeddings:
+            total -= self.transformer["wte"].weight.numel()
+            if "wpe" in self.transformer:
+                total -= self.transformer["wpe"].weight.numel()
+            if not self.config.tie_embeddings:
+                total -= self.lm_head.weight.numel()
+        return total
+
+    def check_ids(self, idx: torch.Tensor) -> None:
+        """A clear error for ids outside the vocabulary (an embedding lookup would fail obscurely)."""
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.config.vocab_size):
+            bad = int(idx.max()) if int(idx.max()) >= self.config.vocab_size else int(idx.min())
+            raise GptlabError(f"token id {bad} is outside the vocabulary (0..{self.config.vocab_size - 1})")
