@@ -49,6 +49,7 @@ from gptlab.tokenizer import Tokenizer
 
 BLOCK_CHARS = 1 << 22  # characters of text per tokenizing task
 WORK_DIR = ".prepare"
+TOKEN_BYTES_NAME = "token_bytes.npy"
 JOB_FILE = "job.json"
 
 
@@ -275,6 +276,16 @@ def write_split_shards(
 # ---------------------------------------------------------------- the job
 
 
+def write_token_bytes(path: Path, tokenizer: Tokenizer) -> None:
+    """UTF-8 bytes each id stands for (0 for special tokens): turns a loss per token into bits per byte."""
+    specials = set(tokenizer.special_tokens.values())
+    lengths = np.zeros(tokenizer.vocab_size, dtype=np.int32)
+    for i, token in tokenizer.vocab.items():
+        lengths[i] = 0 if i in specials else len(token)
+    with atomic_write(path, "wb") as handle:
+        np.save(handle, lengths)
+
+
 def _check_job(out: Path, work: Path, job: dict, force: bool) -> bool:
     """True if `out` already holds this exact job, finished. Errors on a different job unless forced."""
     manifest_path = out / MANIFEST_NAME
@@ -298,7 +309,7 @@ def _check_job(out: Path, work: Path, job: dict, force: bool) -> bool:
 
 def _remove_outputs(out: Path) -> None:
     """Delete what prepare writes (shards, manifest, work directory), nothing else."""
-    for path in [*out.glob("train_*.bin"), *out.glob("val_*.bin"), out / MANIFEST_NAME]:
+    for path in [*out.glob("train_*.bin"), *out.glob("val_*.bin"), out / MANIFEST_NAME, out / TOKEN_BYTES_NAME]:
         path.unlink(missing_ok=True)
     shutil.rmtree(out / WORK_DIR, ignore_errors=True)
 
@@ -352,6 +363,7 @@ def prepare_shards(
             "documents": len(order),
             "shards": entries,
         }
+    write_token_bytes(out / TOKEN_BYTES_NAME, tokenizer)
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": VERSION,
@@ -366,6 +378,7 @@ def prepare_shards(
             "utf8_replaced": metas[-1]["utf8_replaced"],
         },
         "splits": splits,
+        "token_bytes": TOKEN_BYTES_NAME,
         "job": job,
     }
     atomic_write_text(out / MANIFEST_NAME, json.dumps(manifest, indent=1) + "\n")

@@ -124,6 +124,7 @@ MANIFEST_FORMAT = "gptlab-shards"
 #  "source": {...}, "tokenizer": {"fingerprint": "...", "vocab_size": 4096, "eot_id": 4095},
 #  "dtype": "uint16", "shard_tokens": 100000000, "seed": 1337, "shuffle": true, "val": {"fraction": 0.01},
 #  "documents": {"read": 42, "kept": 42, "empty_skipped": 0, "utf8_replaced": 0},
+#  "token_bytes": "token_bytes.npy",   (int32 per id: UTF-8 bytes it decodes to, 0 for special tokens)
 #  "splits": {"train": {"tokens": N, "documents": D, "shards": [{"file": "train_000000.bin", "tokens": n, "documents": d}]},
 #             "val": {...}}}
 
