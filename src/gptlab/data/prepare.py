@@ -3,7 +3,7 @@
 Two passes, both resumable, with bounded memory:
 
 1. Tokenize. Documents stream from the source in a fixed order and are cut
-   into blocks of about BLOCK_CHARS characters; worker processes encode the
+   into blocks of up to BLOCK_CHARS characters; worker processes encode the
    blocks (each document preceded by the end-of-text token, its text encoded
    as ordinary text), and the parent writes each block, in order, to
    `OUT/.prepare/block_NNNNNN.npy` (tokens) + `.json` (document lengths and
@@ -47,7 +47,8 @@ from gptlab.data.sources import Source, SourceOptions, open_source
 from gptlab.runtime import GptlabError, atomic_write, atomic_write_text, default_workers, process_context
 from gptlab.tokenizer import Tokenizer
 
-BLOCK_CHARS = 1 << 22  # characters of text per tokenizing task
+BLOCK_CHARS = 1 << 22  # characters of text per tokenizing task (at most)
+MIN_BLOCK_CHARS = 1 << 16
 WORK_DIR = ".prepare"
 TOKEN_BYTES_NAME = "token_bytes.npy"
 JOB_FILE = "job.json"
@@ -109,8 +110,15 @@ def _encode_block(documents: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return np.array(flat, dtype=dtype), np.asarray(lengths, dtype=np.int64)
 
 
-def _blocks(source: Source, skip_documents: int, counts: dict) -> Iterator[tuple[list[str], int, int]]:
-    """(documents kept, documents read, text bytes) per block, after skipping what earlier runs did."""
+def block_target(total_bytes: int | None, workers: int) -> int:
+    """Characters per block: BLOCK_CHARS, or less for small inputs so every worker gets several blocks."""
+    if not total_bytes:
+        return BLOCK_CHARS
+    return min(BLOCK_CHARS, max(MIN_BLOCK_CHARS, total_bytes // (4 * workers)))
+
+
+def _blocks(source: Source, skip_documents: int, counts: dict, target: int) -> Iterator[tuple[list[str], int, int]]:
+    """(documents kept, documents read, text bytes) per block of about `target` characters, after skipping what earlier runs did."""
     kept: list[str] = []
     read = chars = size = 0  # size: UTF-8 bytes, for the progress bar
     for number, document in enumerate(source):
@@ -123,7 +131,7 @@ def _blocks(source: Source, skip_documents: int, counts: dict) -> Iterator[tuple
             chars += len(document)
         else:
             counts["empty_skipped"] += 1
-        if chars >= BLOCK_CHARS:
+        if chars >= target:
             yield kept, read, size
             kept, read, chars, size = [], 0, 0, 0
     if read:
@@ -188,7 +196,7 @@ def tokenize_blocks(source: Source, tokenizer: Tokenizer, work: Path, config: Pr
 
     if done and total:
         bar.update(min(total, sum(meta["bytes"] for meta in done)))
-    blocks = _blocks(source, skip, counts)
+    blocks = _blocks(source, skip, counts, block_target(total, workers))
     with bar:
         if workers == 1:
             _init_worker(tokenizer)
