@@ -1,0 +1,453 @@
+"""Hugging Face interop: load GPT-2 and Llama checkpoints into `GPT`, and export `GPT` as a Hugging Face directory.
+
+A Hugging Face directory is `config.json` plus weights: `model.safetensors`,
+`pytorch_model.bin` (read with `torch.load(weights_only=True)`), or either one
+sharded behind a `*.index.json`. Two families map onto our one model:
+
+    GPT2LMHeadModel                               GPT (arch="gpt2")
+      [transformer.]wte / wpe / ln_f                transformer.wte / wpe / ln_f
+      [transformer.]h.N.attn.c_attn  (in, out)      transformer.h.N.attn.c_attn  (out, in): Conv1D is transposed
+      h.N.attn.c_proj, h.N.mlp.c_fc, h.N.mlp.c_proj  likewise transposed
+      h.N.attn.bias, h.N.attn.masked_bias           causal-mask buffers, skipped
+    LlamaForCausalLM (Qwen3ForCausalLM: + qk_norm) GPT (arch="llama")
+      model.embed_tokens / model.norm / lm_head     transformer.wte / ln_f / lm_head
+      model.layers.N.self_attn.{q,k,v}_proj         transformer.h.N.attn.c_attn rows [q | k | v]
+      model.layers.N.self_attn.o_proj               transformer.h.N.attn.c_proj
+      model.layers.N.self_attn.{q,k}_norm           transformer.h.N.attn.{q,k}_norm
+      model.layers.N.mlp.{gate,up}_proj             transformer.h.N.mlp.c_fc rows [gate | up]
+      model.layers.N.mlp.down_proj                  transformer.h.N.mlp.c_proj
+      model.layers.N.{input,post_attention}_layernorm  transformer.h.N.ln_1 / ln_2
+
+Our embedding and logit tables have `padded_vocab_size` rows; Hugging Face's
+have `vocab_size`. Loading pads with zero rows (never seen: logits are cut to
+vocab_size), exporting cuts them off. Loaded weights take the model's dtype
+(float32); a config we cannot compute exactly raises `GptlabError` instead of
+loading into a model that would quietly differ.
+
+Not here: gptlab's own format (gptlab.model.io), tokenizer files (gptlab.tokenizer),
+downloads: `from_pretrained` reads the local Hugging Face cache and never the network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from gptlab.model.config import ModelConfig
+from gptlab.model.gpt import GPT
+from gptlab.model.io import load_model, load_state
+from gptlab.runtime import GptlabError, atomic_write_text
+
+CONFIG_NAME = "config.json"
+SAFETENSORS_NAME = "model.safetensors"
+PICKLE_NAME = "pytorch_model.bin"
+GELU_TANH = ("gelu_new", "gelu_pytorch_tanh")  # both are GELU's tanh approximation, as in our MLP
+CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # GPT-2's Conv1D stores (in, out)
+LLAMA_TOP = {
+    "transformer.wte.weight": "model.embed_tokens.weight",
+    "transformer.ln_f.weight": "model.norm.weight",
+    "lm_head.weight": "lm_head.weight",
+}
+LLAMA_RENAMES = {
+    "ln_1": "input_layernorm",
+    "ln_2": "post_attention_layernorm",
+    "attn.c_proj": "self_attn.o_proj",
+    "attn.q_norm": "self_attn.q_norm",
+    "attn.k_norm": "self_attn.k_norm",
+    "mlp.c_proj": "mlp.down_proj",
+}
+LLAMA_FUSED = {  # our fused rows, in order
+    "attn.c_attn": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.c_fc": ("mlp.gate_proj", "mlp.up_proj"),
+}
+HF_MODEL_TYPES = ("gpt2", "llama", "qwen3")
+
+Tensors = dict[str, torch.Tensor]
+
+
+# ---------------------------------------------------------------- reading a directory
+
+
+def read_hf_config(directory: str | os.PathLike) -> dict:
+    path = Path(directory) / CONFIG_NAME
+    if not path.is_file():
+        raise GptlabError(f"no {CONFIG_NAME} in {directory}: expected a Hugging Face model directory")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise GptlabError(f"{path} is not valid JSON: {error}") from None
+
+
+def read_hf_weights(directory: str | os.PathLike) -> Tensors:
+    """All tensors of the checkpoint, on CPU; safetensors first, as transformers prefers them."""
+    directory = Path(directory)
+    for name in (SAFETENSORS_NAME, PICKLE_NAME):
+        if (directory / name).is_file():
+            return _read_weight_file(directory / name)
+        index = directory / f"{name}.index.json"
+        if index.is_file():
+            try:
+                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            except (json.JSONDecodeError, KeyError, AttributeError) as error:
+                raise GptlabError(f"{index} is not a weight index ({error!r})") from None
+            state: Tensors = {}
+            for shard in shards:
+                state.update(_read_weight_file(directory / shard))
+            return state
+    raise GptlabError(f"no weights in {directory}: expected {SAFETENSORS_NAME} or {PICKLE_NAME} (or a sharded *.index.json)")
+
+
+def _read_weight_file(path: Path) -> Tensors:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        if path.name.endswith(".safetensors"):
+            return load_file(path)
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (SafetensorError, OSError, RuntimeError, EOFError) as error:
+        raise GptlabError(f"{path} is damaged or not a weight file: {error}") from None
+
+
+# ---------------------------------------------------------------- configs
+
+
+def _require(checks: dict[str, tuple[object, tuple]], family: str) -> None:
+    """One error listing every setting we cannot compute exactly: {key: (actual, supported values)}."""
+    bad = [f"{key}={actual!r} (supported: {', '.join(map(repr, allowed))})"
+           for key, (actual, allowed) in checks.items() if actual not in allowed]
+    if bad:
+        raise GptlabError(f"unsupported {family} config: {'; '.join(bad)}. gptlab's model cannot compute this exactly")
+
+
+def _check_model_type(model_type: str | None, supported: tuple[str, ...]) -> None:
+    if model_type not in supported:
+        raise GptlabError(f"this checkpoint is a {model_type!r} model, not {' or '.join(supported)}; "
+                          f"from_pretrained picks the loader from config.json's model_type")
+
+
+def gpt2_config_from_hf(hf: dict) -> ModelConfig:
+    """ModelConfig for a GPT2LMHeadModel config.json (n_positions -> block_size, layer_norm_epsilon -> norm_eps)."""
+    _check_model_type(hf.get("model_type", "gpt2"), ("gpt2",))
+    _require({
+        "activation_function": (hf.get("activation_function", "gelu_new"), GELU_TANH),
+        "scale_attn_weights": (hf.get("scale_attn_weights", True), (True,)),
+        "scale_attn_by_inverse_layer_idx": (hf.get("scale_attn_by_inverse_layer_idx", False), (False,)),
+        "reorder_and_upcast_attn": (hf.get("reorder_and_upcast_attn", False), (False,)),
+        "add_cross_attention": (hf.get("add_cross_attention", False), (False,)),
+    }, "GPT-2")
+    n_embd = hf.get("n_embd", 768)
+    n_inner = hf.get("n_inner")
+    return ModelConfig(
+        arch="gpt2", vocab_size=hf.get("vocab_size", 50257), block_size=hf.get("n_positions", 1024),
+        n_layer=hf.get("n_layer", 12), n_head=hf.get("n_head", 12), n_embd=n_embd,
+        mlp_hidden=None if n_inner in (None, 4 * n_embd) else n_inner, bias=True,
+        tie_embeddings=hf.get("tie_word_embeddings", True), norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+    )
+
+
+def llama_config_from_hf(hf: dict) -> ModelConfig:
+    """ModelConfig for a LlamaForCausalLM (or Qwen3ForCausalLM: QK-norm) config.json."""
+    model_type = hf.get("model_type", "llama")
+    heads, hidden = hf.get("num_attention_heads", 32), hf.get("hidden_size", 4096)
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    _check_model_type(model_type, ("llama", "qwen3"))
+    checks = {
+        "hidden_act": (hf.get("hidden_act", "silu"), ("silu",)),
+        "head_dim (ours is hidden_size / num_attention_heads)": (hf.get("head_dim") or hidden // heads, (hidden // heads,)),
+        "rope_type": (rope.get("rope_type", rope.get("type", "default")), ("default",)),
+        # one bias switch covers attention and MLP
+        "mlp_bias (must equal attention_bias)": (hf.get("mlp_bias", False), (hf.get("attention_bias", False),)),
+    }
+    if model_type == "qwen3":
+        checks["use_sliding_window"] = (hf.get("use_sliding_window", False), (False,))
+        checks["attention_bias (Qwen3's MLP has none)"] = (hf.get("attention_bias", False), (False,))
+    _require(checks, model_type)
+    kv_heads = hf.get("num_key_value_heads") or heads
+    config = ModelConfig(
+        arch="llama", vocab_size=hf.get("vocab_size", 32000), block_size=hf.get("max_position_embeddings", 2048),
+        n_layer=hf.get("num_hidden_layers", 32), n_head=heads, n_kv_head=None if kv_heads == heads else kv_heads,
+        n_embd=hidden, bias=hf.get("attention_bias", False), tie_embeddings=hf.get("tie_word_embeddings", False),
+        norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+        qk_norm=model_type == "qwen3",
+    )
+    intermediate = hf.get("intermediate_size", 11008)
+    return config if intermediate == config.hidden_dim else replace(config, mlp_hidden=intermediate)
+
+
+def gpt2_config_to_hf(config: ModelConfig) -> dict:
+    return {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": config.vocab_size,
+        "n_positions": config.block_size, "n_ctx": config.block_size, "n_embd": config.n_embd,
+        "n_layer": config.n_layer, "n_head": config.n_head, "n_inner": config.hidden_dim,
+        "activation_function": "gelu_new", "layer_norm_epsilon": config.norm_eps,
+        "resid_pdrop": config.dropout, "embd_pdrop": config.dropout, "attn_pdrop": config.dropout,
+        "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": config.tie_embeddings,
+    }
+
+
+def llama_config_to_hf(config: ModelConfig) -> dict:
+    """LlamaForCausalLM, or Qwen3ForCausalLM for QK-norm (RMSNorm per head before RoPE, as ours)."""
+    if config.qk_norm and config.bias:
+        raise GptlabError("cannot export a llama model with qk_norm=True and bias=True: Qwen3 (the Hugging Face "
+                          "class with QK-norm) has no MLP biases and LlamaForCausalLM has no QK-norm")
+    hf = {
+        "architectures": ["Qwen3ForCausalLM" if config.qk_norm else "LlamaForCausalLM"],
+        "model_type": "qwen3" if config.qk_norm else "llama", "vocab_size": config.vocab_size,
+        "hidden_size": config.n_embd, "intermediate_size": config.hidden_dim, "num_hidden_layers": config.n_layer,
+        "num_attention_heads": config.n_head, "num_key_value_heads": config.kv_heads, "head_dim": config.head_dim,
+        "hidden_act": "silu", "max_position_embeddings": config.block_size, "rms_norm_eps": config.norm_eps,
+        # rope_theta for transformers 4.x, rope_parameters for 5.x
+        "rope_theta": config.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "attention_bias": config.bias, "mlp_bias": config.bias, "attention_dropout": 0.0,
+        "tie_word_embeddings": config.tie_embeddings,
+    }
+    if config.qk_norm:
+        hf.update(use_sliding_window=False, sliding_window=None, max_window_layers=config.n_layer,
+                  layer_types=["full_attention"] * config.n_layer)
+    return hf
+
+
+# ---------------------------------------------------------------- weights: ours <-> theirs
+
+
+def _layer_name(name: str) -> tuple[str, str, str]:
+    """"transformer.h.3.attn.c_attn.weight" -> ("3", "attn.c_attn", "weight")."""
+    layer, rest = name.removeprefix("transformer.h.").split(".", 1)
+    module, param = rest.rsplit(".", 1)
+    return layer, module, param
+
+
+def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.cat([tensor, tensor.new_zeros(rows - tensor.shape[0], *tensor.shape[1:])])
+
+
+def gpt2_state_to_hf(model: GPT) -> Tensors:
+    """Our GPT-2 weights under GPT2LMHeadModel names (views, not copies). bias=False is exported as zero biases."""
+    config = model.config
+    state: Tensors = {}
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and config.tie_embeddings:
+            continue
+        if name in ("transformer.wte.weight", "lm_head.weight"):
+            tensor = tensor[: config.vocab_size]
+        elif name.startswith("transformer.h.") and _layer_name(name)[1] in CONV1D and name.endswith(".weight"):
+            tensor = tensor.t()
+        state[name] = tensor
+    if not config.bias:  # a LayerNorm or Linear without bias is one with bias 0, which GPT2LMHeadModel always has
+        for module_name, module in model.named_modules():
+            if isinstance(module, (torch.nn.Linear, torch.nn.LayerNorm)) and module_name != "lm_head" and module.bias is None:
+                state[f"{module_name}.bias"] = module.weight.new_zeros(module.weight.shape[0])
+    return state
+
+
+def gpt2_state_from_hf(model: GPT, hf: Tensors) -> Tensors:
+    state: Tensors = {}
+    for name, tensor in hf.items():
+        if name in ("transformer.wte.weight", "lm_head.weight"):
+            tensor = _pad_rows(tensor, model.config.padded_vocab_size)
+        elif name.startswith("transformer.h.") and _layer_name(name)[1] in CONV1D and name.endswith(".weight"):
+            tensor = tensor.t()
+        state[name] = tensor
+    return state
+
+
+def _normalize_gpt2_names(hf: Tensors, tied: bool) -> Tensors:
+    """Add the `transformer.` prefix older checkpoints lack; drop the attention-mask buffers and a tied lm_head."""
+    state: Tensors = {}
+    for name, tensor in hf.items():
+        if name.split(".")[-2:] in (["attn", "bias"], ["attn", "masked_bias"]) or (name == "lm_head.weight" and tied):
+            continue
+        state[name if name.startswith("transformer.") or name == "lm_head.weight" else f"transformer.{name}"] = tensor
+    return state
+
+
+def _fused_sizes(config: ModelConfig) -> dict[str, list[int]]:
+    q, kv = config.n_head * config.head_dim, config.kv_heads * config.head_dim
+    return {"attn.c_attn": [q, kv, kv], "mlp.c_fc": [config.hidden_dim, config.hidden_dim]}
+
+
+def llama_state_to_hf(model: GPT) -> Tensors:
+    """Our llama weights under LlamaForCausalLM (Qwen3ForCausalLM) names: fused c_attn / c_fc split by rows."""
+    config, sizes = model.config, _fused_sizes(model.config)
+    state: Tensors = {}
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and config.tie_embeddings:
+            continue
+        if name in LLAMA_TOP:
+            state[LLAMA_TOP[name]] = tensor[: config.vocab_size] if name != "transformer.ln_f.weight" else tensor
+            continue
+        layer, module, param = _layer_name(name)
+        prefix = f"model.layers.{layer}."
+        if module in LLAMA_FUSED:
+            for part, piece in zip(LLAMA_FUSED[module], tensor.split(sizes[module]), strict=True):
+                state[f"{prefix}{part}.{param}"] = piece
+        else:
+            state[f"{prefix}{LLAMA_RENAMES[module]}.{param}"] = tensor
+    return state
+
+
+def llama_state_from_hf(model: GPT, hf: Tensors) -> Tensors:
+    config = model.config
+    state: Tensors = {}
+    for name in model.state_dict():
+        if name == "lm_head.weight" and config.tie_embeddings:
+            continue
+        if name in LLAMA_TOP:
+            tensor = hf[LLAMA_TOP[name]]
+            state[name] = tensor if name == "transformer.ln_f.weight" else _pad_rows(tensor, config.padded_vocab_size)
+            continue
+        layer, module, param = _layer_name(name)
+        prefix = f"model.layers.{layer}."
+        if module in LLAMA_FUSED:
+            state[name] = torch.cat([hf[f"{prefix}{part}.{param}"] for part in LLAMA_FUSED[module]])
+        else:
+            state[name] = hf[f"{prefix}{LLAMA_RENAMES[module]}.{param}"]
+    return state
+
+
+def _check_names(hf: Tensors, expected: Tensors, source: str) -> None:
+    """Compare in Hugging Face names, so the error names what is (or isn't) in the user's file."""
+    missing = sorted(set(expected) - set(hf))
+    unexpected = sorted(set(hf) - set(expected))
+    shapes = [f"{key} {tuple(hf[key].shape)} != {tuple(expected[key].shape)}"
+              for key in sorted(set(hf) & set(expected)) if hf[key].shape != expected[key].shape]
+    found = (("missing keys", ", ", missing), ("unexpected keys", ", ", unexpected), ("shape mismatches", "; ", shapes))
+    parts = [f"{label}: {separator.join(keys)}" for label, separator, keys in found if keys]
+    if parts:
+        raise GptlabError(f"{source} does not match its config.json: " + "; ".join(parts))
+
+
+def _load_converted(config: ModelConfig, hf: Tensors, to_hf: Callable, from_hf: Callable, source: str, device) -> GPT:
+    model = GPT(config)
+    _check_names(hf, to_hf(model), source)
+    with torch.no_grad():
+        load_state(model, from_hf(model, hf), source)
+    return model.to(device).eval()
+
+
+# ---------------------------------------------------------------- public API
+
+
+def load_hf_gpt2(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> GPT:
+    """A GPT2LMHeadModel directory (the hub's gpt2, gpt2-medium, ..., or any save_pretrained output) as a GPT."""
+    config = gpt2_config_from_hf(read_hf_config(path))
+    hf = _normalize_gpt2_names(read_hf_weights(path), config.tie_embeddings)
+    return _load_converted(config, hf, gpt2_state_to_hf, gpt2_state_from_hf, f"weights in {path}", device)
+
+
+def load_hf_llama(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> GPT:
+    """A LlamaForCausalLM (or Qwen3ForCausalLM) directory as a GPT; the inverse of `export_hf` for llama."""
+    config = llama_config_from_hf(read_hf_config(path))
+    hf = {name: tensor for name, tensor in read_hf_weights(path).items() if not name.endswith("rotary_emb.inv_freq")}
+    if config.tie_embeddings:
+        hf.pop("lm_head.weight", None)
+    return _load_converted(config, hf, llama_state_to_hf, llama_state_from_hf, f"weights in {path}", device)
+
+
+def export_hf(model: GPT, directory: str | os.PathLike, *, eos_token_id: int | None = None) -> Path:
+    """Write `directory` (config.json + model.safetensors) so `transformers.AutoModelForCausalLM` loads it.
+
+    gpt2 -> GPT2LMHeadModel; llama -> LlamaForCausalLM, or Qwen3ForCausalLM with qk_norm.
+    `eos_token_id` (also written as bos, GPT-2's convention) is the tokenizer's business, so it is
+    left unset unless given. Weights first, config last: a directory with a config is complete.
+    """
+    config = model.config
+    if config.arch == "gpt2":
+        hf_config, state = gpt2_config_to_hf(config), gpt2_state_to_hf(model)
+    else:
+        hf_config, state = llama_config_to_hf(config), llama_state_to_hf(model)
+    dtype = next(model.parameters()).dtype
+    hf_config.update(bos_token_id=eos_token_id, eos_token_id=eos_token_id, torch_dtype=str(dtype).removeprefix("torch."))
+    # clones: safetensors refuses tensors that share memory (split views, the tied table)
+    state = {name: tensor.detach().to("cpu").clone(memory_format=torch.contiguous_format) for name, tensor in state.items()}
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    _save_safetensors(state, directory / SAFETENSORS_NAME)
+    atomic_write_text(directory / CONFIG_NAME, json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    return directory
+
+
+def _save_safetensors(state: Tensors, path: Path) -> None:
+    """save_file needs a path, so write a temporary name beside `path`, fsync, then rename."""
+    from safetensors.torch import save_file
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(state, tmp, metadata={"format": "pt"})
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_pretrained_directory(directory: str | os.PathLike, *, device: str | torch.device = "cpu") -> GPT:
+    """Any model directory we read: gptlab's own (config has "arch"), or Hugging Face gpt2 / llama / qwen3."""
+    data = read_hf_config(directory)
+    if "arch" in data and "model_type" not in data:
+        return load_model(directory, device=device)
+    model_type = data.get("model_type")
+    if model_type == "gpt2":
+        return load_hf_gpt2(directory, device=device)
+    if model_type in ("llama", "qwen3"):
+        return load_hf_llama(directory, device=device)
+    raise GptlabError(f"{directory} holds a {model_type!r} model; gptlab reads {', '.join(HF_MODEL_TYPES)} and its own format")
+
+
+def from_pretrained(
+    name_or_path: str | os.PathLike, *, device: str | torch.device = "cpu", cache_dir: str | os.PathLike | None = None
+) -> GPT:
+    """A local directory, or a hub name ("gpt2", "gpt2-medium", "org/name") already in the local Hugging Face cache.
+
+    Never downloads: a name missing from the cache raises with the command that fetches it.
+    """
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return load_pretrained_directory(path, device=device)
+    name = str(name_or_path)
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:  # a path, not "name" or "org/name"
+        raise GptlabError(f"no directory {name}: pass a model directory or a Hugging Face hub name such as gpt2")
+    return load_pretrained_directory(_cached_snapshot(name, cache_dir), device=device)
+
+
+def _hub_cache(cache_dir: str | os.PathLike | None) -> str | None:
+    """Read the cache location now: huggingface_hub reads HF_HUB_CACHE / HF_HOME once, when first imported."""
+    if cache_dir is not None:
+        return str(cache_dir)
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    if os.environ.get("HF_HOME"):
+        return str(Path(os.environ["HF_HOME"]) / "hub")
+    return None  # huggingface_hub's default (~/.cache/huggingface/hub)
+
+
+def _cached_snapshot(repo_id: str, cache_dir: str | os.PathLike | None) -> Path:
+    how = (f"gptlab never downloads. On a machine with internet run `huggingface-cli download {repo_id}` "
+           f"(or `hf download {repo_id}`) into this cache, or pass a local directory holding "
+           f"{CONFIG_NAME} and {SAFETENSORS_NAME}")
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    except ImportError:
+        raise GptlabError(f"reading {repo_id!r} from the Hugging Face cache needs huggingface_hub "
+                          f"(pip install huggingface_hub), or pass a local directory") from None
+    cache = _hub_cache(cache_dir)
+    try:
+        snapshot = Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
+    except LocalEntryNotFoundError:
+        raise GptlabError(f"{repo_id!r} is not in the local Hugging Face cache ({cache or 'default location'}); {how}") from None
+    except HFValidationError as error:
+        raise GptlabError(f"{repo_id!r} is neither a directory nor a Hugging Face hub name: {error}") from None
+    if not (snapshot / CONFIG_NAME).is_file():
+        raise GptlabError(f"the cached snapshot of {repo_id!r} at {snapshot} has no {CONFIG_NAME}; {how}")
+    return snapshot
