@@ -1,0 +1,62 @@
+"""Validation loss and bits per byte.
+
+Loss is the mean cross-entropy in nats per token, which depends on the
+tokenizer. Bits per byte does not: the summed loss over the evaluated target
+tokens, converted to bits, divided by the UTF-8 bytes those tokens stand for
+(`token_bytes.npy` from `gptlab data prepare`; special tokens count 0 bytes
+and are left out of both sums, as in nanochat's evaluate_bpb).
+
+    bpb = sum(loss_i over non-special targets) / (ln 2 * sum(bytes(target_i)))
+
+Under DDP every rank evaluates its own batches and the sums are all-reduced.
+Not here: the loader (gptlab.data.loader), the model (gptlab.model).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from gptlab.data.shards import read_manifest
+from gptlab.runtime import GptlabError
+
+
+def load_token_bytes(directory: str | Path, device: torch.device | str = "cpu") -> torch.Tensor:
+    manifest = read_manifest(directory)
+    path = Path(directory) / manifest.get("token_bytes", "token_bytes.npy")
+    if not path.is_file():
+        raise GptlabError(f"{path} is missing: rerun `gptlab data prepare` to compute bits per byte")
+    return torch.from_numpy(np.load(path).astype(np.int64)).to(device)
+
+
+@torch.no_grad()
+def evaluate_loss(model, loader, n_batches: int, token_bytes: torch.Tensor | None = None, autocast=None) -> dict:
+    """Mean loss (nats/token) and bits per byte over `n_batches` batches of `loader`."""
+    was_training = model.training
+    model.eval()
+    device = token_bytes.device if token_bytes is not None else torch.device("cpu")
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, tokens, bpb loss sum, bytes
+    for _ in range(n_batches):
+        x, y = loader.next_batch()
+        with autocast or nullcontext():
+            logits, _ = model(x)
+        losses = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="none")
+        sums[0] += losses.sum().double()
+        sums[1] += losses.numel()
+        if token_bytes is not None:
+            nbytes = token_bytes[y.reshape(-1)]
+            counted = nbytes > 0
+            sums[2] += losses[counted].sum().double()
+            sums[3] += nbytes.sum().double()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(sums)
+    if was_training:
+        model.train()
+    loss = (sums[0] / sums[1]).item()
+    bpb = (sums[2] / (math.log(2) * sums[3])).item() if token_bytes is not None and sums[3] > 0 else float("nan")
+    return {"loss": loss, "bpb": bpb, "tokens": int(sums[1].item())}

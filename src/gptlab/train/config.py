@@ -1,0 +1,113 @@
+"""The training configuration (one dataclass of component configs) and its named presets.
+
+Every field can be overridden from the command line (`--model.n_layer 6`,
+`--optimizer.lr 1e-3`); the resolved config is saved with every checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from gptlab.model import ModelConfig, preset
+from gptlab.runtime import GptlabError
+from gptlab.train.optim import OptimizerConfig
+from gptlab.train.schedule import ScheduleConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    data: str = ""  # a directory made by `gptlab data prepare`
+    out: str = "runs/train"
+    tokenizer: str = ""  # the tokenizer directory of the data, copied into checkpoints (for sampling)
+    model: ModelConfig = field(default_factory=lambda: preset("gpt2-mini"))
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    batch_tokens: int = 8192  # tokens per optimizer step, all ranks and micro-steps together
+    micro_batch: int = 16  # sequences per forward pass on each rank
+    seq_len: int = 256
+    max_steps: int = 1000
+    grad_clip: float = 1.0  # 0: no clipping
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16 (fp16 uses a GradScaler)
+    compile: bool = False
+    device: str = "auto"
+    seed: int = 1337
+    loader_mode: str = "sequential"  # sequential | random
+    eval_every: int = 100  # steps; 0: only at the end
+    eval_batches: int = 20
+    sample_every: int = 0  # steps; 0: only at the end
+    sample_tokens: int = 200
+    checkpoint_every: int = 500
+    keep_last: int = 2  # step checkpoints kept (the best by val loss is kept too)
+    log_every: int = 10
+    mfu_peak: str = "auto"  # peak FLOP/s for MFU: auto (the GPU's datasheet), a100 | h100 | h200 | cpu, or a number
+    time_limit: float = 0.0  # seconds of training after which to stop (0: none); for equal-time comparisons
+    tensorboard: bool = False
+    wandb: str = ""  # a project name turns Weights & Biases on
+
+    def __post_init__(self) -> None:
+        for name in ("batch_tokens", "micro_batch", "seq_len", "max_steps", "eval_batches", "keep_last", "log_every"):
+            if getattr(self, name) < 1:
+                raise GptlabError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.seq_len > self.model.block_size:
+            raise GptlabError(f"seq_len {self.seq_len} is longer than the model's block_size {self.model.block_size}")
+
+    def accumulation_steps(self, world_size: int) -> int:
+        """Micro-steps per optimizer step; the batch must divide exactly."""
+        per_pass = self.micro_batch * self.seq_len * world_size
+        if self.batch_tokens % per_pass:
+            raise GptlabError(
+                f"batch of {self.batch_tokens:,} tokens does not divide by micro_batch {self.micro_batch} x "
+                f"seq_len {self.seq_len} x world {world_size} = {per_pass:,}; change --batch_tokens or --micro_batch"
+            )
+        return self.batch_tokens // per_pass
+
+
+def shakespeare_cpu() -> TrainConfig:
+    """A few minutes on 2 CPU cores: a small GPT on the built-in corpus with a 4096-token BPE."""
+    return TrainConfig(
+        out="runs/shakespeare",
+        model=preset("gpt2-mini", vocab_size=4096, n_layer=4, n_head=4, n_embd=192, block_size=128),
+        optimizer=OptimizerConfig(lr=2e-3, weight_decay=0.1, betas=(0.9, 0.95)),
+        schedule=ScheduleConfig(kind="cosine", warmup_steps=50, min_lr_ratio=0.1),
+        batch_tokens=4096,
+        micro_batch=32,
+        seq_len=128,
+        max_steps=1000,
+        eval_every=200,
+        eval_batches=20,
+        checkpoint_every=500,
+    )
+
+
+def gpt2_124m_fineweb() -> TrainConfig:
+    """GPT-2 (124M) on FineWeb-edu sample-10BT with the GPT-3 paper's small-model hyper-parameters.
+
+    `torchrun --nproc_per_node=8 -m gptlab.cli.main train --preset gpt2-124m-fineweb --data DIR`
+    """
+    return TrainConfig(
+        out="runs/gpt2-124m",
+        model=preset("gpt2"),
+        optimizer=OptimizerConfig(lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, impl="fused"),
+        schedule=ScheduleConfig(kind="cosine", warmup_steps=715, min_lr_ratio=0.1),
+        batch_tokens=524_288,
+        micro_batch=64,
+        seq_len=1024,
+        max_steps=19_073,
+        precision="bf16",
+        compile=True,
+        eval_every=250,
+        eval_batches=20,
+        sample_every=1000,
+        checkpoint_every=2000,
+        keep_last=3,
+        log_every=1,
+    )
+
+
+PRESETS = {"shakespeare-cpu": shakespeare_cpu, "gpt2-124m-fineweb": gpt2_124m_fineweb}
+
+
+def train_preset(name: str, **overrides) -> TrainConfig:
+    if name not in PRESETS:
+        raise GptlabError(f"unknown training preset {name!r}; presets: {', '.join(PRESETS)}")
+    return replace(PRESETS[name](), **overrides)

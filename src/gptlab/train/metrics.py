@@ -1,0 +1,101 @@
+"""Run metrics: a JSONL log, the console line, optional TensorBoard / Weights & Biases, and a loss plot.
+
+    OUT/metrics.jsonl   one JSON object per logged step: {"step", "loss", "lr", "grad_norm", "tokens",
+                        "tokens_per_s", "mfu", "elapsed"} and, at evaluations, {"val_loss", "val_bpb"}
+    OUT/loss.png        train and val loss against step, drawn at the end
+
+Only rank 0 writes. Not here: what is measured (gptlab.train.trainer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from gptlab.runtime import GptlabError, atomic_write
+
+
+class MetricsLog:
+    def __init__(self, out: str | os.PathLike, enabled: bool, tensorboard: bool = False, wandb_project: str = "", config: dict | None = None) -> None:
+        self.path = Path(out) / "metrics.jsonl"
+        self.enabled = enabled
+        self.tensorboard = self.wandb = None
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise GptlabError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
+            self.tensorboard = SummaryWriter(str(Path(out) / "tensorboard"))
+        if wandb_project:
+            try:
+                import wandb
+            except ImportError:
+                raise GptlabError("--wandb needs the wandb package: pip install wandb") from None
+            self.wandb = wandb.init(project=wandb_project, config=config or {})
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        step = record.get("step", 0)
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)):
+                if self.tensorboard is not None:
+                    self.tensorboard.add_scalar(key, value, step)
+        if self.wandb is not None:
+            self.wandb.log(record, step=step)
+
+    def records(self) -> list[dict]:
+        if not self.path.is_file():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def plot_losses(records: list[dict], path: str | os.PathLike) -> Path | None:
+    """Train and val loss curves as a PNG (None when matplotlib is missing or nothing was logged)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    if not train:
+        return None
+    figure, axis = plt.subplots(figsize=(7, 4), dpi=120)
+    axis.plot(*zip(*train), label="train loss", linewidth=1)
+    if val:
+        axis.plot(*zip(*val), "o-", label="val loss", linewidth=1.5)
+    axis.set_xlabel("step")
+    axis.set_ylabel("loss (nats/token)")
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    path = Path(path)
+    with atomic_write(path, "wb") as handle:
+        figure.savefig(handle, format="png")
+    plt.close(figure)
+    return path
+
+
+def console_line(record: dict, max_steps: int, eta_seconds: float | None) -> str:
+    parts = [f"step {record['step']:>6}/{max_steps}", f"loss {record['loss']:.4f}", f"lr {record['lr']:.2e}", f"norm {record['grad_norm']:.2f}", f"{record['tokens_per_s']:,.0f} tok/s"]
+    if record.get("mfu") is not None:
+        parts.append(f"mfu {100 * record['mfu']:.1f}%")
+    if eta_seconds is not None:
+        minutes, seconds = divmod(int(eta_seconds), 60)
+        parts.append(f"eta {minutes}m{seconds:02d}s")
+    return " | ".join(parts)

@@ -1,0 +1,100 @@
+"""AdamW (Loshchilov & Hutter, 2019), written out, and the parameter groups GPT training uses.
+
+For each parameter, step t, gradient g, learning rate lr, decay wd:
+
+    p <- p * (1 - lr * wd)                       decoupled weight decay
+    m <- b1 * m + (1 - b1) * g                   first moment
+    v <- b2 * v + (1 - b2) * g^2                 second moment
+    p <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+
+in the same order of operations as `torch.optim.AdamW`, so the two agree
+update for update (tests check it). `build_optimizer` can also return torch's
+own AdamW, with its fused or foreach kernels on CUDA.
+
+Weight decay applies to matrices (dim >= 2): linear weights and, unless
+`decay_embeddings` is off, the embeddings; never to biases or norm weights.
+Not here: the learning-rate schedule (gptlab.train.schedule).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from gptlab.runtime import GptlabError
+
+IMPLEMENTATIONS = ("gptlab", "torch", "fused", "foreach")
+
+
+class AdamW(torch.optim.Optimizer):
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01) -> None:
+        if lr < 0 or eps < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1) or weight_decay < 0:
+            raise GptlabError(f"bad AdamW settings: lr={lr} betas={betas} eps={eps} weight_decay={weight_decay}")
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, (beta1, beta2), eps, decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                t = state["step"].item()
+                m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
+                p.mul_(1 - lr * decay)
+                m.lerp_(g, 1 - beta1)
+                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                step_size = lr / (1 - beta1**t)
+                denom = (v.sqrt() / math.sqrt(1 - beta2**t)).add_(eps)
+                p.addcdiv_(m, denom, value=-step_size)
+        return loss
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
+    lr: float = 6e-4  # the peak; the schedule scales it
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    decay_embeddings: bool = True
+    impl: str = "gptlab"  # gptlab (above) | torch | fused (CUDA) | foreach
+
+    def __post_init__(self) -> None:
+        if self.impl not in IMPLEMENTATIONS:
+            raise GptlabError(f"unknown optimizer impl {self.impl!r}; use one of {', '.join(IMPLEMENTATIONS)}")
+
+
+def parameter_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool = True) -> list[dict]:
+    """Two groups: matrices that decay, and the rest (biases, norm weights) that do not."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay, no_decay, seen = [], [], set()
+    for parameter in model.parameters():
+        if not parameter.requires_grad or id(parameter) in seen:
+            continue
+        seen.add(id(parameter))
+        is_matrix = parameter.dim() >= 2 and (decay_embeddings or id(parameter) not in embeddings)
+        (decay if is_matrix else no_decay).append(parameter)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, config: OptimizerConfig, device_type: str = "cpu") -> torch.optim.Optimizer:
+    groups = parameter_groups(model, config.weight_decay, config.decay_embeddings)
+    if config.impl == "gptlab":
+        return AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps)
+    if config.impl == "fused" and device_type != "cuda":
+        raise GptlabError("optimizer impl 'fused' needs CUDA; use gptlab, torch or foreach on this device")
+    extra = {"fused": True} if config.impl == "fused" else {"foreach": True} if config.impl == "foreach" else {}
+    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps, **extra)

@@ -1,0 +1,186 @@
+"""The Trainer against its references: one big batch, an uninterrupted run, a single process."""
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gptlab.model import GPT
+from gptlab.runtime import GptlabError
+from gptlab.train import Trainer
+from gptlab.train.checkpoint import list_checkpoints
+
+from .conftest import tiny_config
+
+
+def final_weights(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(list_checkpoints(out)[-1] / "model.safetensors")
+
+
+def quiet(config, **kwargs):
+    return Trainer(config, log=lambda *_: None, **kwargs)
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = final_weights(a), final_weights(b)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        assert torch.equal(wa[name], wb[name]), name
+
+
+def test_accumulated_gradients_equal_the_full_batch(prepared, tmp_path):
+    """8 sequences in one pass, or 4 micro-steps of 2: the same update (within float rounding)."""
+    full = quiet(tiny_config(prepared, tmp_path / "full", micro_batch=8, batch_tokens=8 * 32, max_steps=2)).fit()
+    accumulated = quiet(tiny_config(prepared, tmp_path / "accum", micro_batch=2, batch_tokens=8 * 32, max_steps=2)).fit()
+    assert accumulated.losses == pytest.approx(full.losses, rel=1e-5)
+    for name, tensor in final_weights(tmp_path / "full").items():
+        torch.testing.assert_close(final_weights(tmp_path / "accum")[name], tensor, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("loader_mode", ["sequential", "random"])
+def test_resume_from_a_checkpoint_continues_the_exact_same_run(prepared, tmp_path, loader_mode):
+    """6 steps straight == the same run restarted from its step-3 checkpoint: loss for loss (dropout on)."""
+    model = dataclasses.replace(tiny_config(prepared, tmp_path).model, dropout=0.1)
+    config = tiny_config(prepared, tmp_path / "straight", model=model, loader_mode=loader_mode)
+    straight = quiet(config).fit()
+    assert [p.name for p in list_checkpoints(tmp_path / "straight")] == ["step_000003", "step_000006"]
+    shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "step_000006")
+    resumed = quiet(dataclasses.replace(config, out=str(tmp_path / "resumed"))).fit()
+    assert resumed.losses == straight.losses[3:]
+    assert_same_weights(tmp_path / "straight", tmp_path / "resumed")
+
+
+def test_ctrl_c_saves_a_checkpoint_and_resume_matches(prepared, tmp_path):
+    straight = quiet(tiny_config(prepared, tmp_path / "straight")).fit()
+
+    def interrupt(model):
+        raise KeyboardInterrupt
+
+    config = tiny_config(prepared, tmp_path / "interrupted", sample_every=2)
+    first = quiet(config, sample_fn=interrupt).fit()
+    assert first.status == "interrupted" and first.steps == 2
+    assert list_checkpoints(tmp_path / "interrupted")[-1].name == "step_000002"
+    second = quiet(dataclasses.replace(config, sample_every=0)).fit()
+    assert first.losses + second.losses == straight.losses
+    assert_same_weights(tmp_path / "straight", tmp_path / "interrupted")
+
+
+def test_checkpoints_keep_the_last_and_the_best(prepared, tmp_path):
+    config = tiny_config(prepared, tmp_path / "run", max_steps=12, checkpoint_every=2, eval_every=2, keep_last=2)
+    quiet(config).fit()
+    names = [p.name for p in list_checkpoints(tmp_path / "run")]
+    best = json.loads((tmp_path / "run" / "checkpoints" / "best.json").read_text())
+    assert names[-2:] == ["step_000010", "step_000012"] and best["checkpoint"] in names
+    assert len(names) <= 3
+    step = list_checkpoints(tmp_path / "run")[-1]
+    assert {p.name for p in step.iterdir()} == {"config.json", "model.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json", "tokenizer"}
+    state = json.loads((step / "trainer_state.json").read_text())
+    assert state["step"] == 12 and state["tokens"] == 12 * config.batch_tokens and state["format_version"] == 1
+    assert not any("_orig_mod" in key or key.startswith("module.") for key in load_file(step / "model.safetensors"))
+    torch.load(step / "optimizer.pt", weights_only=True)  # loading never unpickles code
+
+
+def test_metrics_log_console_and_plot(prepared, tmp_path):
+    lines = []
+    result = Trainer(tiny_config(prepared, tmp_path / "run"), log=lines.append).fit()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "loss" in r]
+    assert [r["step"] for r in train] == list(range(1, 7))
+    assert [r["loss"] for r in train] == result.losses
+    assert {"lr", "grad_norm", "tokens_per_s", "elapsed"} <= train[0].keys()
+    assert any("val_bpb" in r for r in records) and result.val_bpb > 0
+    assert (tmp_path / "run" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert any("step      6/6" in line and "tok/s" in line for line in lines)
+
+
+def test_a_nan_loss_stops_and_keeps_the_last_checkpoint(prepared, tmp_path, monkeypatch):
+    config = tiny_config(prepared, tmp_path / "run", max_steps=6, checkpoint_every=2)
+    real_forward = GPT.forward
+    calls = {"n": 0}
+
+    def forward(self, idx, targets=None, **kwargs):
+        logits, loss = real_forward(self, idx, targets, **kwargs)
+        if targets is not None and self.training:
+            calls["n"] += 1
+            if calls["n"] == 4:
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", forward)
+    with pytest.raises(GptlabError, match="loss is nan at step 3.*step_000002"):
+        quiet(config).fit()
+    assert [p.name for p in list_checkpoints(tmp_path / "run")] == ["step_000002"]
+    load_file(list_checkpoints(tmp_path / "run")[-1] / "model.safetensors")
+
+
+def test_a_half_written_checkpoint_is_ignored(prepared, tmp_path):
+    config = tiny_config(prepared, tmp_path / "run", max_steps=3)
+    quiet(config).fit()
+    partial = tmp_path / "run" / "checkpoints" / ".step_000004.tmp"
+    partial.mkdir()
+    (partial / "model.safetensors").write_bytes(b"half")
+    assert list_checkpoints(tmp_path / "run")[-1].name == "step_000003"
+    result = quiet(dataclasses.replace(config, max_steps=4)).fit()
+    assert result.steps == 4 and len(result.losses) == 1
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"batch_tokens": 100}, "does not divide"),
+        ({"model_vocab": 256}, "set --model.vocab_size 512"),
+        ({"data": "/nonexistent"}, "no prepared data"),
+        ({"data": ""}, "no training data"),
+    ],
+)
+def test_mistakes_are_caught_before_any_compute(prepared, tmp_path, changes, message):
+    config = tiny_config(prepared, tmp_path / "run")
+    if "model_vocab" in changes:
+        config = dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=changes.pop("model_vocab")))
+    with pytest.raises(GptlabError, match=message):
+        Trainer(dataclasses.replace(config, **changes))
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_with_other_settings_is_refused(prepared, tmp_path):
+    quiet(tiny_config(prepared, tmp_path / "run", max_steps=2)).fit()
+    with pytest.raises(GptlabError, match="other settings.*micro_batch"):
+        quiet(tiny_config(prepared, tmp_path / "run", micro_batch=2)).fit()
+
+
+DDP_SCRIPT = """
+import sys
+from gptlab.train import Trainer
+from tests.train.conftest import tiny_config
+from pathlib import Path
+config = tiny_config(Path(sys.argv[1]), Path(sys.argv[2]), micro_batch=2, batch_tokens=8 * 32, max_steps=3)
+Trainer(config, log=lambda *_: None).fit()
+"""
+
+
+def test_ddp_on_two_gloo_processes_equals_one_process(prepared, tmp_path):
+    """2 ranks x 2 micro-steps x 2 sequences == 1 process x 4 micro-steps x 2 sequences: the same weights."""
+    single = tiny_config(prepared, tmp_path / "single", micro_batch=2, batch_tokens=8 * 32, max_steps=3)
+    quiet(single).fit()
+    script = tmp_path / "ddp_run.py"
+    script.write_text(DDP_SCRIPT)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(prepared), str(tmp_path / "ddp")]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = json.loads((list_checkpoints(tmp_path / "ddp")[-1] / "trainer_state.json").read_text())
+    assert len(state["loader"]) == 2 and state["loader"][1]["rank"] == 1
+    wa, wb = final_weights(tmp_path / "single"), final_weights(tmp_path / "ddp")
+    for name in wa:
+        torch.testing.assert_close(wb[name], wa[name], rtol=1e-4, atol=1e-5)
