@@ -20,13 +20,19 @@ class KVCache:
         self.max_len = max_len or config.block_size
         if self.max_len > config.block_size:
             raise GptlabError(f"cache of {self.max_len} positions is longer than the context ({config.block_size})")
-        shape = (config.n_layer, batch_size, config.kv_heads, self.max_len, config.head_dim)
-        self.keys = torch.zeros(shape, device=device, dtype=dtype)
-        self.values = torch.zeros(shape, device=device, dtype=dtype)
+        self.shape = (config.n_layer, batch_size, config.kv_heads, self.max_len, config.head_dim)
+        self.keys = torch.zeros(self.shape, device=device, dtype=dtype)
+        self.values = torch.zeros(self.shape, device=device, dtype=dtype)
         self.length = 0
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store (B, n_kv_head, T, head_dim) keys/values after the cached ones; return all of them."""
+        if self.keys.dtype != k.dtype or self.keys.device != k.device:
+            if self.length:
+                raise GptlabError(f"KV cache holds {self.keys.dtype} on {self.keys.device}; new keys are {k.dtype} on {k.device}")
+            # Follow the model: a bf16 model (or autocast) gets a bf16 cache.
+            self.keys = torch.zeros(self.shape, device=k.device, dtype=k.dtype)
+            self.values = torch.zeros(self.shape, device=k.device, dtype=k.dtype)
         end = self.length + k.shape[2]
         if end > self.max_len:
             raise GptlabError(f"KV cache full: {end} positions needed, {self.max_len} allocated")

@@ -1,0 +1,76 @@
+"""`gptlab model info`: a model's size, FLOPs per token and training memory, from a preset or a saved model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from gptlab.runtime import GptlabError
+
+GIB = 2**30
+
+
+def register(stages) -> None:
+    parser = stages.add_parser("model", help="inspect model configs: parameters, FLOPs, memory")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True, parser_class=type(parser))
+    info = verbs.add_parser("info", help="parameters, FLOPs per token, MFU targets and training memory of a model")
+    source = info.add_mutually_exclusive_group(required=True)
+    source.add_argument("--preset", metavar="NAME", help="a model preset (gpt2, gpt2-mini, llama-124m, ...)")
+    source.add_argument("--checkpoint", metavar="DIR", help="a saved model or checkpoint directory (reads its config.json)")
+    info.add_argument("--seq-len", type=int, metavar="T", help="tokens per sequence (default: the block size)")
+    info.add_argument("--batch-size", type=int, default=8, metavar="B", help="sequences per step for the memory estimate (default 8)")
+    info.add_argument("--device-peak", default="h100", metavar="NAME|FLOPS", help="a100, h100, h200, cpu, or a peak FLOP/s number (default h100)")
+    info.add_argument("--amp", choices=["bf16", "fp16", "fp32"], default="bf16", help="activation precision (default bf16)")
+    info.add_argument("--no-flash", action="store_true", help="count the T x T attention scores (math attention)")
+    info.set_defaults(handler=run_info)
+
+
+def _read_config(directory: str):
+    from gptlab.model.io import CONFIG_NAME, config_from_dict
+
+    path = Path(directory) / CONFIG_NAME
+    if not path.is_file():
+        raise GptlabError(f"no model config at {path}")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise GptlabError(f"{path} is not valid JSON: {error}") from None
+    return config_from_dict(data)
+
+
+def _count(n: int) -> str:
+    return f"{n:,} ({n / 1e6:.2f}M)"
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from gptlab.model import preset
+    from gptlab.model.accounting import PEAK_FLOPS, flops_per_token, param_counts, peak_flops, tokens_per_second_at, training_memory
+
+    config = preset(args.preset) if args.preset else _read_config(args.checkpoint)
+    seq_len = args.seq_len or config.block_size
+    if seq_len > config.block_size:
+        raise GptlabError(f"--seq-len {seq_len} is longer than the model's context ({config.block_size})")
+    peak = peak_flops(args.device_peak)
+    counts = param_counts(config)
+    flops = flops_per_token(config, seq_len)
+    memory = training_memory(config, args.batch_size, seq_len, amp=args.amp, flash_attention=not args.no_flash)
+
+    name = args.preset or args.checkpoint
+    print(f"model       {name}: {config.arch}, n_layer {config.n_layer}, n_head {config.n_head}, n_kv_head {config.kv_heads}, "
+          f"n_embd {config.n_embd}, head_dim {config.head_dim}, mlp_hidden {config.hidden_dim}")
+    print(f"            vocab {config.vocab_size} (padded to {config.padded_vocab_size}), block_size {config.block_size}, "
+          f"tied embeddings {'yes' if config.tie_embeddings else 'no'}, bias {'yes' if config.bias else 'no'}, "
+          f"qk_norm {'yes' if config.qk_norm else 'no'}, dropout {config.dropout}")
+    print(f"params      total {_count(counts['total'])}, non-embedding {_count(counts['non_embedding'])}, "
+          f"embeddings {_count(counts['embeddings'])}")
+    print(f"FLOPs/token training {flops['training']:,} = 6N {flops['dense']:,} + attention {flops['attention']:,} "
+          f"(N = {flops['matmul_params']:,} matmul params, T = {seq_len}); forward {flops['forward']:,}")
+    label = args.device_peak.lower() if args.device_peak.lower() in PEAK_FLOPS else "custom"
+    print(f"throughput  {label} peak {peak / 1e12:g} TFLOP/s: 40% MFU = {tokens_per_second_at(0.4, config, seq_len, peak):,.0f} tokens/s, "
+          f"100% = {tokens_per_second_at(1.0, config, seq_len, peak):,.0f} tokens/s")
+    attention = "math attention" if args.no_flash else "flash attention"
+    print(f"memory      batch {args.batch_size} x {seq_len} tokens, fp32 params, {args.amp} activations, AdamW, {attention} (GiB):")
+    for part in ("parameters", "gradients", "optimizer", "activations", "weight_casts", "logits", "total"):
+        print(f"  {part:<13}{memory[part] / GIB:8.2f}")
+    return 0

@@ -1,0 +1,218 @@
+"""Counting a model on paper: parameters, FLOPs per token, MFU, training memory, all from a ModelConfig.
+
+Nothing is built: every figure is a formula of the config (the tests check the
+parameter counts against a built `GPT`). Symbols: d = n_embd, L = n_layer,
+a = n_head, k = kv heads, h_d = head_dim, F = MLP hidden width, V = vocab_size,
+V' = padded vocab, T = seq_len, B = batch size.
+
+    params     wte V'd (+ wpe T_max d for GPT-2) + L * block + final norm (+ lm_head V'd if untied)
+    FLOPs      6N + 12 L d T per trained token (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT estimate_mfu)
+    memory     parameters + gradients + optimizer moments + activations (Korthikanti et al. 2022)
+               + autocast weight copies + logits
+
+Not here: measuring anything (gptlab.train.metrics reports measured throughput).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gptlab.model.config import ModelConfig
+from gptlab.runtime import GptlabError
+
+# Peak dense matmul throughput, FLOP/s, in the precision training uses (bf16 on GPUs).
+PEAK_FLOPS = {
+    "a100": 312e12,  # A100 SXM/PCIe, bf16 tensor cores, dense (NVIDIA A100 datasheet)
+    "h100": 989e12,  # H100 SXM, bf16 tensor cores, dense (NVIDIA H100 datasheet: 1979 with sparsity)
+    "h200": 989e12,  # H200 SXM: the H100's compute with more memory (NVIDIA H200 datasheet)
+    # A rough order of magnitude for a desktop CPU in fp32: 16 cores x 32 FLOP/cycle (two AVX2 FMA units)
+    # x 2 GHz. A laptop gets less; pass a measured peak (a number) for an MFU that means something.
+    "cpu": 1e12,
+}
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+OPTIMIZER_STATES = {"adamw": 2, "sgd": 1, "none": 0}  # tensors of the parameters' size: AdamW m and v, SGD momentum
+
+
+def param_counts(config: ModelConfig) -> dict[str, int]:
+    """Parameters by formula: total (tied weights once), embeddings (wte with its padded rows, wpe), non-embedding.
+
+    Per block: two norms, c_attn d(a + 2k)h_d, c_proj d^2, c_fc dF (2dF gated), c_proj Fd, with biases
+    where `config.bias`; QK-norm adds 2 h_d. Non-embedding = total - wte - wpe - (lm_head if untied),
+    the same split as `GPT.num_params(embeddings=False)`. Example: gpt2 -> 124,475,904 total,
+    85,056,000 non-embedding.
+    """
+    d, F = config.n_embd, config.hidden_dim
+    bias = 1 if config.bias else 0
+    norm = d + (d if config.arch == "gpt2" and config.bias else 0)  # LayerNorm weight (+ bias); RMSNorm weight only
+    qkv_out = (config.n_head + 2 * config.kv_heads) * config.head_dim
+    attention = d * qkv_out + bias * qkv_out + d * d + bias * d
+    if config.qk_norm:
+        attention += 2 * config.head_dim
+    fc_out = 2 * F if config.arch == "llama" else F  # SwiGLU: gate and up fused
+    mlp = d * fc_out + bias * fc_out + F * d + bias * d
+    block = 2 * norm + attention + mlp
+    wte = config.padded_vocab_size * d
+    wpe = config.block_size * d if config.arch == "gpt2" else 0
+    lm_head = 0 if config.tie_embeddings else config.padded_vocab_size * d
+    non_embedding = config.n_layer * block + norm
+    return {
+        "total": non_embedding + wte + wpe + lm_head,
+        "embeddings": wte + wpe + lm_head,
+        "non_embedding": non_embedding,
+        "wte": wte,
+        "wpe": wpe,
+        "lm_head": lm_head,
+        "per_block": block,
+    }
+
+
+def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> dict[str, int]:
+    """Training and forward FLOPs per token at context `seq_len` (default: block_size).
+
+    The PaLM convention (Chowdhery et al. 2022, appendix B), as nanoGPT's `estimate_mfu` uses it:
+
+        training = 6 N + 12 L a h_d T     (= 6N + 12 L d T: a h_d = d also with GQA)
+        forward  = 2 N + 4 L a h_d T      (one third: the backward pass costs two forwards)
+
+    N counts the parameters used in matmuls: non-embedding + the lm_head matrix V'd (computed over
+    the padded rows; tied or not). Embedding lookups (wte, wpe) are not matmuls. For tied GPT-2 that is
+    nanoGPT's `get_num_params()` (total - wpe). 12 L d T is QK^T and AV over the full T x T square,
+    forward and backward, without halving for the causal mask; norms, softmax and the loss are left out.
+    """
+    seq_len = config.block_size if seq_len is None else seq_len
+    if seq_len < 1:
+        raise GptlabError(f"seq_len must be at least 1, got {seq_len}")
+    counts = param_counts(config)
+    matmul_params = counts["non_embedding"] + config.padded_vocab_size * config.n_embd
+    attention = config.n_layer * config.n_head * config.head_dim * seq_len
+    return {
+        "seq_len": seq_len,
+        "matmul_params": matmul_params,
+        "dense": 6 * matmul_params,
+        "attention": 12 * attention,
+        "training": 6 * matmul_params + 12 * attention,
+        "forward": 2 * matmul_params + 4 * attention,
+    }
+
+
+def peak_flops(peak: str | float) -> float:
+    """FLOP/s from a PEAK_FLOPS name ("h100") or a number (a measured or datasheet peak)."""
+    if isinstance(peak, str):
+        if peak.lower() in PEAK_FLOPS:
+            return PEAK_FLOPS[peak.lower()]
+        try:
+            peak = float(peak)
+        except ValueError:
+            raise GptlabError(f"unknown device peak {peak!r}; use one of {', '.join(PEAK_FLOPS)} or a FLOP/s number like 150e12") from None
+    if not peak > 0:
+        raise GptlabError(f"peak FLOP/s must be positive, got {peak}")
+    return float(peak)
+
+
+def mfu(tokens_per_second: float, config: ModelConfig, seq_len: int | None = None, peak: str | float = "h100") -> float:
+    """Model FLOPs utilisation: tokens/s x training FLOPs per token / peak FLOP/s (a fraction, 0.4 = 40%)."""
+    return tokens_per_second * flops_per_token(config, seq_len)["training"] / peak_flops(peak)
+
+
+def tokens_per_second_at(utilisation: float, config: ModelConfig, seq_len: int | None = None, peak: str | float = "h100") -> float:
+    """The throughput that reaches a given MFU: utilisation x peak / training FLOPs per token (inverse of `mfu`)."""
+    return utilisation * peak_flops(peak) / flops_per_token(config, seq_len)["training"]
+
+
+def _bytes_per_element(dtype: str | torch.dtype) -> int:
+    if isinstance(dtype, torch.dtype):
+        return dtype.itemsize
+    if dtype not in DTYPE_BYTES:
+        raise GptlabError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[dtype]
+
+
+def activation_bytes_per_layer(
+    config: ModelConfig,
+    batch_size: int,
+    seq_len: int,
+    *,
+    param_dtype: str | torch.dtype = "fp32",
+    amp: str | torch.dtype = "bf16",
+    flash_attention: bool = True,
+) -> int:
+    """Bytes one block keeps for backward, following Korthikanti et al. 2022 ("Reducing Activation
+    Recomputation in Large Transformer Models", sec. 4.1) term by term.
+
+    Their GPT block, all in 16 bits, no recomputation: T B d (34 + 5 a T / d) bytes, of which
+    attention 11 TBd + 5 a T^2 B, MLP 19 TBd, norms 4 TBd. Here matmul inputs count at the `amp`
+    width p (2 for bf16/fp16, 4 for fp32), norm inputs at the residual stream's width r (the
+    parameters' dtype: fp32 under autocast), dropout masks at 1 byte, adapted to the config:
+
+        norms      2 inputs (LayerNorm); RMSNorm also keeps its fp32 input   2 TBd r, or 2 TBd (4 + r)
+        attention  c_attn input, q k v, c_proj input    5 TBd p   (GQA's k, v are repeated to a heads first)
+                   softmax out (+ mask + dropout out)   a T^2 B (p (+ 1 + p))   only without flash attention
+        MLP        c_fc input, c_fc out, activation out TB (d + F + F) p; SwiGLU: TB (d + 2F + 2F) p
+        dropout    masks after attention and MLP        2 TBd   only when config.dropout > 0
+
+    For GPT-2 in bf16 (r = p = 2) with dropout and math attention this is exactly their 34 + 5aT/d.
+    Flash attention keeps no T x T tensor (it recomputes the scores, dropout included), which
+    removes the 5aT/d term. Left out: rotary tables, flash's logsumexp and the norms' statistics (a
+    few floats per token). On CPU, dropout masks are as wide as the activations, SDPA with dropout
+    falls back to the math kernel, and the reference attention (`set_attention("math")`) keeps its
+    softmax in fp32, so those cases keep more than counted here.
+    """
+    p, r = _bytes_per_element(amp), _bytes_per_element(param_dtype)
+    d, F = config.n_embd, config.hidden_dim
+    tokens = batch_size * seq_len
+    norms = 2 * tokens * d * (r if config.arch == "gpt2" else 4 + r)
+    attention = 5 * tokens * d * p
+    if not flash_attention:
+        scores = config.n_head * seq_len * seq_len * batch_size
+        attention += scores * p + (scores * (1 + p) if config.dropout > 0 else 0)
+    widths = 2 * F if config.arch == "llama" else F  # c_fc out; SwiGLU: gate and up, then silu(gate) and the product
+    mlp = tokens * (d + 2 * widths) * p
+    masks = 2 * tokens * d if config.dropout > 0 else 0
+    return norms + attention + mlp + masks
+
+
+def training_memory(
+    config: ModelConfig,
+    batch_size: int,
+    seq_len: int | None = None,
+    *,
+    param_dtype: str | torch.dtype = "fp32",
+    amp: str | torch.dtype = "bf16",
+    optimizer: str = "adamw",
+    flash_attention: bool = True,
+) -> dict[str, int]:
+    """Bytes for one training step of `batch_size` x `seq_len` tokens, by part.
+
+        parameters   P x param bytes (tied weights once)
+        gradients    P x param bytes
+        optimizer    states x P x param bytes (AdamW: m and v, zeros_like(p): 8 bytes/param in fp32)
+        activations  L x activation_bytes_per_layer (Korthikanti et al. 2022, adapted; see there)
+        weight_casts N x amp bytes when amp is narrower than the parameters: autocast's 16-bit copy
+                     of every matmul weight (N as in flops_per_token), kept until its backward
+        logits       B T V x 4: the fp32 log-softmax the loss keeps for backward
+
+    Not counted: the CUDA context and allocator slack, temporaries such as the lm_head output and
+    the logits' gradient (another B T V' x 4 or so at the end of forward and the start of backward),
+    and the embedding activations.
+    """
+    seq_len = config.block_size if seq_len is None else seq_len
+    if batch_size < 1 or seq_len < 1:
+        raise GptlabError(f"batch_size and seq_len must be at least 1, got {batch_size} and {seq_len}")
+    if optimizer not in OPTIMIZER_STATES:
+        raise GptlabError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZER_STATES)}")
+    params = param_counts(config)["total"]
+    param_bytes, amp_bytes = _bytes_per_element(param_dtype), _bytes_per_element(amp)
+    parts = {
+        "parameters": params * param_bytes,
+        "gradients": params * param_bytes,
+        "optimizer": OPTIMIZER_STATES[optimizer] * params * param_bytes,
+        "activations": config.n_layer
+        * activation_bytes_per_layer(
+            config, batch_size, seq_len, param_dtype=param_dtype, amp=amp, flash_attention=flash_attention
+        ),
+        "weight_casts": flops_per_token(config, seq_len)["matmul_params"] * amp_bytes if amp_bytes < param_bytes else 0,
+        "logits": batch_size * seq_len * config.vocab_size * 4,
+    }
+    parts["total"] = sum(parts.values())
+    return parts
