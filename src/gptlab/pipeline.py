@@ -1,19 +1,27 @@
 """The `gptlab run` job: the whole pipeline as a sequence of API calls.
 
-Today: get the corpus -> train the tokenizer -> measure it on held-out text ->
-tokenize the corpus into shuffled train/val shards. Later stages (training,
-evaluation, sampling) join as they land. Every artefact goes under `out/`:
-the resolved config, the tokenizer, the shards.
+get the corpus -> train the tokenizer (and measure it on held-out works) ->
+tokenize the corpus into shuffled train/val shards -> train a GPT -> evaluate
+val bits per byte on the whole val split -> sample. Every artefact goes under
+`out/`: the resolved config, the tokenizer, the shards, checkpoints, metrics,
+the loss plot.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gptlab.data.corpus import corpus_files
+from gptlab.eval.loss import evaluate_loss, load_token_bytes
+from gptlab.infer.generate import SamplingConfig, generate
+from gptlab.model.io import load_model
+from gptlab.runtime.device import init_runtime
+from gptlab.train import Trainer, TrainConfig, TrainResult
+from gptlab.train.config import shakespeare_cpu
 from gptlab.data.prepare import PrepareConfig, prepare_shards
 from gptlab.runtime import GptlabError, atomic_write_text
 from gptlab.runtime.config import config_to_json
@@ -36,12 +44,23 @@ class DataStageConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SampleStageConfig:
+    prompt: str = "ROMEO:\n"
+    max_new_tokens: int = 300
+    temperature: float = 0.8
+    top_k: int = 50
+    seed: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunConfig:
     corpus: str = "shakespeare"
     out: str = "runs/shakespeare"
     val_every: int = 10  # every val_every-th document is held out for measuring
     tokenizer: TokenizerStageConfig = field(default_factory=TokenizerStageConfig)
     data: DataStageConfig = field(default_factory=DataStageConfig)
+    train: TrainConfig = field(default_factory=shakespeare_cpu)  # data, out and tokenizer are set by the run
+    sample: SampleStageConfig = field(default_factory=SampleStageConfig)
 
     def __post_init__(self) -> None:
         if self.val_every < 2:
@@ -54,6 +73,9 @@ class RunResult:
     val_bytes_per_token: float
     train_seconds: float
     data_dir: Path
+    train: TrainResult | None = None
+    val_bpb: float | None = None
+    sample: str = ""
 
 
 def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: bool = False) -> RunResult:
@@ -61,14 +83,14 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.json", config_to_json(config))
 
-    log(f"[1/4] corpus: {config.corpus}")
+    log(f"[1/7] corpus: {config.corpus}")
     files = corpus_files(config.corpus)
     held_out = files[config.val_every - 1 :: config.val_every]
     train_files = [path for path in files if path not in held_out]
     size = sum(path.stat().st_size for path in train_files)
     log(f"      {len(train_files)} training documents ({size / 1e6:.1f} MB), {len(held_out)} held out, from {files[0].parent}")
 
-    log(f"[2/4] tokenizer: byte-level BPE, vocab {config.tokenizer.vocab_size}, pattern {config.tokenizer.pattern}")
+    log(f"[2/7] tokenizer: byte-level BPE, vocab {config.tokenizer.vocab_size}, pattern {config.tokenizer.pattern}")
     start = time.perf_counter()
     tokenizer = Tokenizer.train(
         files=train_files,
@@ -81,7 +103,7 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
     tokenizer.save(tokenizer_dir)
     log(f"      trained in {train_seconds:.1f} s -> {tokenizer_dir / 'tokenizer.json'}")
 
-    log("[3/4] held-out text")
+    log("[3/7] held-out text")
     texts = [path.read_text(encoding="utf-8") for path in held_out]
     start = time.perf_counter()
     encoded = [tokenizer.encode(text) for text in texts]
@@ -94,14 +116,71 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
     excerpt = texts[0][:400].rsplit("\n", 1)[0]
     log(render_tokens(tokenizer, tokenizer.encode(excerpt), color=color))
 
-    log(f"[4/4] data: {config.corpus} into shuffled shards, val {config.data.val:g} of the documents")
+    log(f"[4/7] data: {config.corpus} into shuffled shards, val {config.data.val:g} of the documents")
     data_dir = out / "data"
     prepare_config = PrepareConfig(val=config.data.val, shard_tokens=config.data.shard_tokens, seed=config.data.seed, progress=False)
     prepared = prepare_shards(config.corpus, tokenizer, data_dir, prepare_config, force=True)
     splits = prepared.manifest["splits"]
     described = ", ".join(f"{name} {entry['tokens']:,} tokens ({entry['documents']} documents, {len(entry['shards'])} shards)" for name, entry in splits.items())
     log(f"      {prepared.status} in {prepared.seconds:.1f} s: {described} -> {data_dir}")
-    log(f"done: artefacts in {out}/")
-    return RunResult(
-        tokenizer_dir=tokenizer_dir, val_bytes_per_token=stats.bytes_per_token, train_seconds=train_seconds, data_dir=data_dir
+    train_config = dataclasses.replace(
+        config.train,
+        data=str(data_dir),
+        out=str(out / "train"),
+        tokenizer=str(tokenizer_dir),
+        model=dataclasses.replace(config.train.model, vocab_size=tokenizer.vocab_size),
     )
+    model_config = train_config.model
+    log(
+        f"[5/7] train: {model_config.arch} {model_config.n_layer} layers x {model_config.n_embd} wide, "
+        f"{train_config.max_steps} steps of {train_config.batch_tokens:,} tokens"
+    )
+    runtime = init_runtime(train_config.device)
+    trained = Trainer(train_config, runtime=runtime, log=lambda line: log("      " + line), resume=False).fit()
+    log(f"      {trained.status} in {trained.seconds:.0f} s, final train loss {trained.final_loss:.3f} -> {trained.checkpoint}")
+
+    log("[6/7] evaluate: the whole val split")
+    model = load_model(trained.checkpoint, device=runtime.device)
+    val_bpb = evaluate_split(model, train_config)
+    log(f"      val loss {val_bpb['loss']:.4f} nats/token, val bits per byte {val_bpb['bpb']:.4f} ({val_bpb['tokens']:,} tokens)")
+
+    log(f"[7/7] sample: {config.sample.max_new_tokens} tokens, temperature {config.sample.temperature}, top-k {config.sample.top_k}")
+    text = sample_text(model, tokenizer, config.sample)
+    log(text)
+    log(f"done: artefacts in {out}/ (loss plot: {out / 'train' / 'loss.png'})")
+    return RunResult(
+        tokenizer_dir=tokenizer_dir, val_bytes_per_token=stats.bytes_per_token, train_seconds=train_seconds,
+        data_dir=data_dir, train=trained, val_bpb=val_bpb["bpb"], sample=text,
+    )
+
+
+def evaluate_split(model, train_config: TrainConfig, split: str = "val") -> dict:
+    """Loss and bits per byte over every full window of the split, in order."""
+    from gptlab.data.loader import LoaderConfig, ShardLoader
+    from gptlab.data.shards import split_shards
+
+    device = next(model.parameters()).device
+    B, T = train_config.micro_batch, train_config.seq_len
+    loader = ShardLoader(train_config.data, split, config=LoaderConfig(batch_size=B, seq_len=T), device=device)
+    n_batches = max(1, sum(tokens // (B * T) for _, tokens in split_shards(train_config.data, split)))
+    return evaluate_loss(model, loader, n_batches, load_token_bytes(train_config.data, device))
+
+
+def sample_text(model, tokenizer: Tokenizer, config: SampleStageConfig) -> str:
+    """The prompt and what the model writes after it (a document start, then the prompt)."""
+    prompt = [tokenizer.eot_id, *tokenizer.encode_ordinary(config.prompt)]
+    sampling = SamplingConfig(
+        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_k=config.top_k, seed=config.seed,
+        stop_tokens=(tokenizer.eot_id,),
+    )
+    (ids,) = generate(model, [prompt], sampling)
+    return tokenizer.decode(prompt[1:] + ids)
+
+
+def text_sampler(tokenizer_dir: str, max_new_tokens: int, prompt: str = "\n"):
+    """A function model -> text for the trainer's periodic samples (None without a tokenizer)."""
+    if not tokenizer_dir:
+        return None
+    tokenizer = Tokenizer.load(tokenizer_dir)
+    config = SampleStageConfig(prompt=prompt, max_new_tokens=max_new_tokens)
+    return lambda model: sample_text(model, tokenizer, config)

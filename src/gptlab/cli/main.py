@@ -20,7 +20,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def build_parser() -> ArgumentParser:
-    from gptlab.cli import data, run, tokenizer
+    from gptlab.cli import data, model, run, sample, tokenizer, train
 
     parser = ArgumentParser(prog="gptlab", description="Build a GPT language model from scratch.")
     from gptlab import __version__
@@ -29,7 +29,10 @@ def build_parser() -> ArgumentParser:
     stages = parser.add_subparsers(dest="stage", metavar="STAGE", required=True, parser_class=ArgumentParser)
     tokenizer.register(stages)
     data.register(stages)
+    model.register(stages)
+    train.register(stages)
     run.register(stages)
+    sample.register(stages)
     return parser
 
 
