@@ -46,7 +46,7 @@ class DataStageConfig:
 @dataclass(frozen=True, kw_only=True)
 class SampleStageConfig:
     prompt: str = "ROMEO:\n"
-    max_new_tokens: int = 300
+    max_new_tokens: int = 300  # at most what fits in the model's context after the prompt
     temperature: float = 0.8
     top_k: int = 50
     seed: int = 0
@@ -169,8 +169,11 @@ def evaluate_split(model, train_config: TrainConfig, split: str = "val") -> dict
 def sample_text(model, tokenizer: Tokenizer, config: SampleStageConfig) -> str:
     """The prompt and what the model writes after it (a document start, then the prompt)."""
     prompt = [tokenizer.eot_id, *tokenizer.encode_ordinary(config.prompt)]
+    room = model.config.block_size - len(prompt)  # the engine keeps the whole sample in the context
+    if room < 1:
+        raise GptlabError(f"the sample prompt ({len(prompt)} tokens) fills the model's context ({model.config.block_size})")
     sampling = SamplingConfig(
-        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_k=config.top_k, seed=config.seed,
+        max_new_tokens=min(config.max_new_tokens, room), temperature=config.temperature, top_k=config.top_k, seed=config.seed,
         stop_tokens=(tokenizer.eot_id,),
     )
     (ids,) = generate(model, [prompt], sampling)

@@ -188,7 +188,7 @@ def last_logits(model: GPT, idx: torch.Tensor, **kwargs) -> torch.Tensor:
     Inference mode is entered per forward pass, never across a `yield`: a
     suspended generator must not leave the caller's code in inference mode.
     """
-    logits, _ = model(idx, **kwargs)
+    logits, _ = model(idx, last_only=True, **kwargs)
     return logits[:, -1]
 
 

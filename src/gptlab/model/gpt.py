@@ -209,6 +209,7 @@ class GPT(nn.Module):
         cache=None,
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
+        last_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) ids -> logits (B, T, vocab_size) and, with targets (B, T), the mean cross-entropy.
 
@@ -216,6 +217,8 @@ class GPT(nn.Module):
         (gptlab.model.cache.KVCache) holds past keys/values, `positions` (B, T)
         the position of each token (left-padded prompts start later), and
         `mask` (B, 1, T, S) bool which cached keys each query may attend to.
+        `last_only` computes logits for the last position only (B, 1, vocab_size):
+        all that sampling needs, and the output layer is the costly part.
         """
         B, T = idx.shape
         start = cache.length if cache is not None else 0
@@ -237,6 +240,8 @@ class GPT(nn.Module):
         if cache is not None:
             cache.advance(T)
         x = self.transformer["ln_f"](x)
+        if last_only and targets is None:
+            x = x[:, -1:]
         logits = self.lm_head(x)[..., : self.config.vocab_size]  # padded rows are never seen
         loss = None
         if targets is not None:
