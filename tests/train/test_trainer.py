@@ -184,3 +184,14 @@ def test_ddp_on_two_gloo_processes_equals_one_process(prepared, tmp_path):
     wa, wb = final_weights(tmp_path / "single"), final_weights(tmp_path / "ddp")
     for name in wa:
         torch.testing.assert_close(wb[name], wa[name], rtol=1e-4, atol=1e-5)
+
+
+def test_compiled_training_still_evaluates_and_samples(prepared, tmp_path):
+    """torch.compile wraps the step only: evaluation, sampling and checkpoints use the plain module."""
+    samples = []
+    config = tiny_config(prepared, tmp_path / "compiled", compile=True, max_steps=2, eval_every=1, sample_every=1, checkpoint_every=1)
+    result = quiet(config, sample_fn=lambda model: samples.append(type(model).__name__) or "text").fit()
+    assert result.status == "finished" and result.val_bpb > 0 and samples and set(samples) == {"GPT"}
+    assert not any("_orig_mod" in key for key in final_weights(tmp_path / "compiled"))
+    plain = quiet(tiny_config(prepared, tmp_path / "plain", max_steps=2, eval_every=1, checkpoint_every=1)).fit()
+    assert result.losses == pytest.approx(plain.losses, rel=1e-4)
