@@ -37,6 +37,9 @@ test: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(PY) bench/tokenizer_train.py
 	$(PY) bench/tokenizer_encode.py
+	$(PY) bench/data_prepare.py
+	$(PY) bench/generate.py
+	$(PY) bench/shakespeare_cpu.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
