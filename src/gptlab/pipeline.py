@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gptlab.data.corpus import corpus_files
-from gptlab.eval.loss import evaluate_loss, load_token_bytes
+from gptlab.eval.loss import evaluate_split as evaluate_loss_on_split
 from gptlab.infer.generate import SamplingConfig, generate
 from gptlab.model.io import load_model
 from gptlab.runtime.device import init_runtime
@@ -155,15 +155,8 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
 
 
 def evaluate_split(model, train_config: TrainConfig, split: str = "val") -> dict:
-    """Loss and bits per byte over every full window of the split, in order."""
-    from gptlab.data.loader import LoaderConfig, ShardLoader
-    from gptlab.data.shards import split_shards
-
-    device = next(model.parameters()).device
-    B, T = train_config.micro_batch, train_config.seq_len
-    loader = ShardLoader(train_config.data, split, config=LoaderConfig(batch_size=B, seq_len=T), device=device)
-    n_batches = max(1, sum(tokens // (B * T) for _, tokens in split_shards(train_config.data, split)))
-    return evaluate_loss(model, loader, n_batches, load_token_bytes(train_config.data, device))
+    """Loss and bits per byte over the whole split, in the training run's batch shape."""
+    return evaluate_loss_on_split(model, train_config.data, split, batch_size=train_config.micro_batch, seq_len=train_config.seq_len)
 
 
 def sample_text(model, tokenizer: Tokenizer, config: SampleStageConfig) -> str:

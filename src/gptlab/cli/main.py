@@ -21,6 +21,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def build_parser() -> ArgumentParser:
     from gptlab.cli import data, model, run, sample, tokenizer, train
+    from gptlab.cli import eval as eval_cli
 
     parser = ArgumentParser(prog="gptlab", description="Build a GPT language model from scratch.")
     from gptlab import __version__
@@ -33,6 +34,7 @@ def build_parser() -> ArgumentParser:
     train.register(stages)
     run.register(stages)
     sample.register(stages)
+    eval_cli.register(stages)
     return parser
 
 

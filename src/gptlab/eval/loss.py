@@ -60,3 +60,17 @@ def evaluate_loss(model, loader, n_batches: int, token_bytes: torch.Tensor | Non
     loss = (sums[0] / sums[1]).item()
     bpb = (sums[2] / (math.log(2) * sums[3])).item() if token_bytes is not None and sums[3] > 0 else float("nan")
     return {"loss": loss, "bpb": bpb, "tokens": int(sums[1].item())}
+
+
+def evaluate_split(model, directory: str | Path, split: str = "val", *, batch_size: int, seq_len: int, autocast=None) -> dict:
+    """Loss and bits per byte over every full (B, T) window of a split, shard by shard, in order."""
+    from gptlab.data.loader import LoaderConfig, ShardLoader
+    from gptlab.data.shards import split_shards
+
+    device = next(model.parameters()).device
+    loader = ShardLoader(directory, split, config=LoaderConfig(batch_size=batch_size, seq_len=seq_len), device=device)
+    # A batch needs B*T + 1 tokens (the last target), so a shard serves (tokens - 1) // (B*T) batches.
+    n_batches = sum((tokens - 1) // (batch_size * seq_len) for _, tokens in split_shards(directory, split))
+    if n_batches < 1:
+        raise GptlabError(f"the {split!r} split of {directory} holds less than one batch of {batch_size} x {seq_len} tokens")
+    return evaluate_loss(model, loader, n_batches, load_token_bytes(directory, device), autocast)
