@@ -173,6 +173,24 @@ def sample_text(model, tokenizer: Tokenizer, config: SampleStageConfig) -> str:
     return tokenizer.decode(prompt[1:] + ids)
 
 
+def hellaswag_fn(config: TrainConfig):
+    """A function model -> {"hellaswag_acc", "hellaswag_acc_norm"} for the trainer (None when not asked for)."""
+    if not config.hellaswag_every:
+        return None
+    if not config.tokenizer:
+        raise GptlabError("periodic HellaSwag needs the data's tokenizer: pass --tokenizer DIR")
+    from gptlab.eval.tasks import HellaSwag
+
+    tokenizer = Tokenizer.load(config.tokenizer)
+    task = HellaSwag(config.hellaswag_path or None)
+
+    def evaluate(model) -> dict[str, float]:
+        result = task.evaluate(model, tokenizer.encode_ordinary, limit=config.hellaswag_limit or None)
+        return {"hellaswag_acc": result["acc"], "hellaswag_acc_norm": result["acc_norm"]}
+
+    return evaluate
+
+
 def text_sampler(tokenizer_dir: str, max_new_tokens: int, prompt: str = "\n"):
     """A function model -> text for the trainer's periodic samples (None without a tokenizer)."""
     if not tokenizer_dir:

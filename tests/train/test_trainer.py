@@ -195,3 +195,23 @@ def test_compiled_training_still_evaluates_and_samples(prepared, tmp_path):
     assert not any("_orig_mod" in key for key in final_weights(tmp_path / "compiled"))
     plain = quiet(tiny_config(prepared, tmp_path / "plain", max_steps=2, eval_every=1, checkpoint_every=1)).fit()
     assert result.losses == pytest.approx(plain.losses, rel=1e-4)
+
+
+def test_periodic_hellaswag_is_logged_and_equals_a_direct_evaluation(prepared, tmp_path):
+    from gptlab.eval.tasks import HellaSwag
+    from gptlab.model.io import load_model
+    from gptlab.pipeline import hellaswag_fn
+    from gptlab.tokenizer import Tokenizer
+
+    from ..eval.test_tasks import write_hellaswag
+
+    path = tmp_path / "hellaswag_val.jsonl"
+    write_hellaswag(path)
+    config = tiny_config(prepared, tmp_path / "run", hellaswag_every=3, hellaswag_path=str(path))
+    quiet(config, task_fn=hellaswag_fn(config)).fit()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    scored = [r for r in records if "hellaswag_acc" in r]
+    assert [r["step"] for r in scored] == [3, 6]
+    tokenizer = Tokenizer.load(prepared / "tokenizer")
+    direct = HellaSwag(path).evaluate(load_model(list_checkpoints(tmp_path / "run")[-1]), tokenizer.encode_ordinary)
+    assert scored[-1]["hellaswag_acc"] == direct["acc"] and scored[-1]["hellaswag_acc_norm"] == direct["acc_norm"]

@@ -22,7 +22,7 @@ def register(stages) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gptlab.pipeline import text_sampler
+    from gptlab.pipeline import hellaswag_fn, text_sampler
     from gptlab.runtime.config import apply_overrides
     from gptlab.runtime.device import init_runtime, shutdown_runtime
     from gptlab.train import Trainer, train_preset
@@ -30,7 +30,10 @@ def run(args: argparse.Namespace) -> int:
     config = apply_overrides(train_preset(args.preset), args.overrides)
     runtime = init_runtime(config.device)
     try:
-        trainer = Trainer(config, runtime=runtime, sample_fn=text_sampler(config.tokenizer, config.sample_tokens), resume=not args.no_resume)
+        trainer = Trainer(
+            config, runtime=runtime, sample_fn=text_sampler(config.tokenizer, config.sample_tokens),
+            task_fn=hellaswag_fn(config), resume=not args.no_resume,
+        )
         result = trainer.fit()
         if runtime.is_main:
             print(f"{result.status} after {result.steps} steps in {result.seconds:.0f} s; checkpoint {result.checkpoint}")

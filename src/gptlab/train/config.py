@@ -35,6 +35,9 @@ class TrainConfig:
     eval_every: int = 100  # steps; 0: only at the end
     eval_batches: int = 20
     sample_every: int = 0  # steps; 0: only at the end
+    hellaswag_every: int = 0  # steps between HellaSwag evaluations (0: never); needs a tokenizer
+    hellaswag_path: str = ""  # the official validation jsonl (default: the cached download)
+    hellaswag_limit: int = 0  # examples per evaluation (0: all 10,042)
     sample_tokens: int = 200
     checkpoint_every: int = 500
     keep_last: int = 2  # step checkpoints kept (the best by val loss is kept too)

@@ -69,12 +69,14 @@ class Trainer:
         *,
         runtime: Runtime | None = None,
         sample_fn: Callable[[GPT], str] | None = None,
+        task_fn: Callable[[GPT], dict[str, float]] | None = None,
         log: Callable[[str], None] = print,
         resume: bool = True,
     ) -> None:
         self.config = config
         self.runtime = runtime or init_runtime(config.device)
         self.sample_fn = sample_fn
+        self.task_fn = task_fn  # e.g. HellaSwag: built by the caller, who holds the tokenizer
         self.print = log if self.runtime.is_main else (lambda *_: None)
         self.resume = resume
         self._check_before_compute()
@@ -247,6 +249,8 @@ class Trainer:
                 out_of_time = config.time_limit > 0 and time.perf_counter() - start_time >= config.time_limit
                 if config.eval_every and step % config.eval_every == 0 and step < config.max_steps and not out_of_time:
                     val_result = evaluate()
+                if self.task_fn and config.hellaswag_every and step % config.hellaswag_every == 0:
+                    self._run_tasks(model, step, metrics)
                 if config.sample_every and step % config.sample_every == 0 and step < config.max_steps:
                     self._sample(model)
                 if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.max_steps:
@@ -318,6 +322,16 @@ class Trainer:
         if source.is_file():
             (checkpoint / "tokenizer").mkdir(exist_ok=True)
             shutil.copyfile(source, checkpoint / "tokenizer" / "tokenizer.json")
+
+    def _run_tasks(self, model: GPT, step: int, metrics: MetricsLog) -> None:
+        """Benchmarks on the plain module, every rank taking its share (the task all-reduces its counts)."""
+        was_training = model.training
+        model.eval()
+        scores = self.task_fn(model)
+        if was_training:
+            model.train()
+        metrics.log({"step": step, **scores})
+        self.print(f"step {step:>6}: " + ", ".join(f"{key} {value:.4f}" for key, value in scores.items()))
 
     def _sample(self, model: GPT) -> None:
         if self.sample_fn is None or not self.runtime.is_main:
