@@ -38,15 +38,20 @@ def register(stages) -> None:
     parser.add_argument("--batch-size", type=int, default=16, metavar="B", help="rows per forward pass (default 16)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps (default auto)")
     parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32", help="autocast precision (default fp32)")
+    parser.add_argument("--harness", metavar="TASKS", help="lm-evaluation-harness tasks, comma-separated (e.g. lambada_openai,arc_easy)")
+    parser.add_argument("--harness-include", metavar="DIR", help="a folder of extra lm-eval task YAMLs (e.g. tasks over local files)")
+    parser.add_argument("--num-fewshot", type=int, metavar="K", help="few-shot examples for --harness tasks")
     parser.set_defaults(handler=run_eval, usage_error=parser.error)
 
 
 def check_usage(args: argparse.Namespace) -> None:
     """Mistakes in the command line itself exit 2, like argparse's own."""
-    if not args.data and not args.task:
-        args.usage_error("nothing to evaluate: give --data DIR and/or --task hellaswag")
-    if (args.hellaswag_path or args.limit is not None) and args.task != "hellaswag":
-        args.usage_error("--hellaswag-path and --limit go with --task hellaswag")
+    if not args.data and not args.task and not args.harness:
+        args.usage_error("nothing to evaluate: give --data DIR, --task hellaswag and/or --harness TASKS")
+    if args.hellaswag_path and args.task != "hellaswag":
+        args.usage_error("--hellaswag-path goes with --task hellaswag")
+    if args.limit is not None and not (args.task or args.harness):
+        args.usage_error("--limit goes with --task or --harness")
     for name in ("batch_size", "limit", "seq_len"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -67,6 +72,8 @@ def run_eval(args: argparse.Namespace) -> int:
             evaluate_data(model, args, context, say)
         if args.task:
             evaluate_task(model, args, context, say)
+        if args.harness:
+            evaluate_with_harness(model, args, say)
     finally:
         shutdown_runtime(runtime)
     return 0
@@ -111,6 +118,22 @@ def evaluate_task(model, args: argparse.Namespace, context, say) -> dict:
     say(f"{task.name}: acc {result['acc']:.4f}, acc_norm {result['acc_norm']:.4f} ({result['n']:,} examples, "
         f"{result['truncated']} rows cut to fit the context; {result['examples_per_second']:.1f} examples/s)")
     return result
+
+
+def evaluate_with_harness(model, args: argparse.Namespace, say) -> dict:
+    """Any lm-evaluation-harness task, through gptlab.eval.harness's registered model."""
+    try:
+        from gptlab.eval.harness import evaluate_harness, results_table
+    except ImportError as error:
+        raise GptlabError(f"--harness needs lm-evaluation-harness: pip install lm-eval ({error})") from None
+    tokenizer = load_tokenizer(args, model, required=True)
+    results = evaluate_harness(
+        model, tokenizer, [task for task in args.harness.split(",") if task], limit=args.limit,
+        batch_size=args.batch_size, precision=args.precision, num_fewshot=args.num_fewshot,
+        include_path=args.harness_include,
+    )
+    say(results_table(results))
+    return results
 
 
 def load_tokenizer(args: argparse.Namespace, model, *, required: bool):
