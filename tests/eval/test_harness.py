@@ -2,14 +2,12 @@
 
 import json
 
+import datasets
 import pytest
 import torch
 import torch.nn.functional as F
-
-pytest.importorskip("lm_eval")
-
-from lm_eval.api.instance import Instance  # noqa: E402
-from lm_eval.utils import get_rolling_token_windows  # noqa: E402
+from lm_eval.api.instance import Instance  # lm-eval is a dev extra: make test installs it
+from lm_eval.utils import get_rolling_token_windows
 
 from gptlab.eval.harness import GptlabLM, cut_at_stops, evaluate_harness, results_table  # noqa: E402
 from gptlab.infer import SamplingConfig, generate  # noqa: E402
@@ -208,7 +206,7 @@ DOCS = [
 def test_evaluate_harness_reports_the_accuracy_of_a_local_task_from_its_loglikelihoods(model, tokenizer, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setattr(pytest.importorskip("datasets").config, "HF_HUB_OFFLINE", True)  # read once, at import
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # read once, at import
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     data = tmp_path / "tiny_choice.jsonl"
@@ -235,7 +233,6 @@ def test_evaluate_harness_reports_the_accuracy_of_a_local_task_from_its_loglikel
 
 def test_harness_answers_exactly_as_lm_eval_hugging_face_adapter_on_the_same_weights(model, tokenizer, tmp_path):
     """The trusted reference: lm-eval's own HFLM, on our model exported to transformers with our tokenizer."""
-    pytest.importorskip("accelerate")  # HFLM imports it (lm-eval[hf])
     from lm_eval.models.huggingface import HFLM
 
     from gptlab.model.hf import export_hf
@@ -265,7 +262,7 @@ def test_cli_eval_harness_runs_a_local_task_on_a_checkpoint(model, tokenizer, tm
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setattr(pytest.importorskip("datasets").config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     data = tmp_path / "tiny_choice.jsonl"

@@ -11,6 +11,7 @@ import urllib.request
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers  # a dev extra: make test installs it
 
 from gptlab.eval.scoring import count_truncated, rolling_loglikelihood, rolling_requests, score_continuations
 from gptlab.eval.tasks import Example, HellaSwag, MultipleChoiceTask
@@ -19,8 +20,6 @@ from gptlab.model import GPT, ModelConfig
 from gptlab.model.hf import load_hf_gpt2
 from gptlab.runtime import GptlabError
 from gptlab.tokenizer import Tokenizer
-
-transformers = pytest.importorskip("transformers")
 
 BLOCK = 16
 ATOL = 1e-4

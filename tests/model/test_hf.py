@@ -4,13 +4,13 @@ import json
 
 import pytest
 import torch
+import transformers  # a dev extra: make test installs it
+from safetensors.torch import load_file, save_file
 
 from gptlab.model import GPT, preset
 from gptlab.model.hf import export_hf, from_pretrained, load_hf_gpt2, load_hf_llama
 from gptlab.runtime import GptlabError
 
-transformers = pytest.importorskip("transformers")
-from safetensors.torch import load_file, save_file  # noqa: E402
 
 ATOL = 1e-5
 
