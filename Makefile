@@ -39,6 +39,7 @@ bench: $(VENV)/.installed-dev
 	$(PY) bench/tokenizer_encode.py
 	$(PY) bench/data_prepare.py
 	$(PY) bench/generate.py
+	$(PY) bench/eval_hellaswag.py
 	$(PY) bench/shakespeare_cpu.py
 
 clean:

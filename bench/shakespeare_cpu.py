@@ -13,7 +13,7 @@ fairly. The recipe runs first; gptlab's `shakespeare-cpu` preset then gets the s
 (`--time_limit`, and its cosine schedule is stretched to the steps that fit, measured in a short
 probe run).
 
-    .venv/bin/python bench/shakespeare_cpu.py             # the full comparison (about 2 x 5 minutes)
+    .venv/bin/python bench/shakespeare_cpu.py             # the full comparison (about 3 minutes on 2 cores)
     .venv/bin/python bench/shakespeare_cpu.py --steps 200 # a quick look: both recipes shortened
 """
 

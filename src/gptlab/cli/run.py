@@ -10,8 +10,9 @@ def register(stages) -> None:
     parser = stages.add_parser(
         "run",
         help="run the whole pipeline end to end (default: Shakespeare on this machine)",
-        description="Options are the fields of RunConfig: --corpus, --out, --val_every, --tokenizer.vocab_size, "
-        "--tokenizer.pattern, --tokenizer.special_tokens (comma-separated).",
+        description="Options are the fields of RunConfig as dotted overrides: --corpus, --out, --val_every, "
+        "--tokenizer.vocab_size, --tokenizer.pattern, --data.val, --train.max_steps, --train.model.n_layer, "
+        "--train.optimizer.lr (any TrainConfig field under --train.), --sample.max_new_tokens, ...",
     )
     parser.set_defaults(handler=run, accepts_overrides=True)
 
