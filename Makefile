@@ -9,6 +9,8 @@ TORCH_INDEX ?=
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_INDEX_FLAG := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
+# The compiled tokenizer core: editing it re-runs the install, which rebuilds it.
+NATIVE := setup.py $(wildcard src/gptlab/tokenizer/_native/*.c src/gptlab/tokenizer/_native/*.h)
 
 .PHONY: demo test install install-dev bench clean
 
@@ -17,11 +19,11 @@ $(VENV)/.torch:
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_INDEX_FLAG) "$(TORCH_SPEC)"
 	touch $@
 
-$(VENV)/.installed: $(VENV)/.torch pyproject.toml
+$(VENV)/.installed: $(VENV)/.torch pyproject.toml $(NATIVE)
 	$(PIP) install -q -e .
 	touch $@
 
-$(VENV)/.installed-dev: $(VENV)/.torch pyproject.toml
+$(VENV)/.installed-dev: $(VENV)/.torch pyproject.toml $(NATIVE)
 	$(PIP) install -q -e ".[dev]"
 	touch $@ $(VENV)/.installed
 
@@ -43,4 +45,4 @@ bench: $(VENV)/.installed-dev
 	$(PY) bench/shakespeare_cpu.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info
+	rm -rf $(VENV) build src/*.egg-info src/gptlab/tokenizer/*.so

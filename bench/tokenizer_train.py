@@ -10,16 +10,19 @@ runs is shown, with the largest peak memory of those runs.
     .venv/bin/python bench/tokenizer_train.py --quick     # the small case and 4096 only
 
 Peak memory is the peak RSS of the child itself (VmHWM) plus `ru_maxrss`
-of its largest reaped child process (gptlab counts pieces in forked worker
-processes; the others use threads). It is an estimate: workers that run at
-once are not summed, and pages a forked worker shares with its parent count
-twice.
+of its largest reaped child process (all three use threads; gptlab's
+pure-Python reference would count in forked processes).
+
+gptlab's compiled trainer must learn exactly the merges of its readable
+pure-Python reference: each case also runs the reference once
+(GPTLAB_PURE_PYTHON=1) and stops if a single merge differs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -127,7 +130,11 @@ def run_child(trainer: str, corpus: str, vocab_size: int) -> None:
     """Train once and print one JSON line: seconds, peak and pre-train memory, vocab size, tokens."""
     _, documents = load_corpus(corpus)
     before_kib = own_peak_kib()
-    train = {"gptlab": train_gptlab, "hf-tokenizers": train_huggingface, "rustbpe": train_rustbpe}[trainer]
+    if trainer == "gptlab-python":
+        os.environ["GPTLAB_PURE_PYTHON"] = "1"
+    train = {"gptlab": train_gptlab, "gptlab-python": train_gptlab, "hf-tokenizers": train_huggingface, "rustbpe": train_rustbpe}[
+        trainer
+    ]
     seconds, learned_vocab, tokens = train(documents, vocab_size)
     peak_kib = own_peak_kib() + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     report = {
@@ -164,6 +171,9 @@ def run_case(corpus: str, vocab_size: int, repeats: int) -> None:
     for _ in range(repeats):  # interleaved, so a noisy moment does not hit one trainer only
         for trainer in TRAINERS:
             runs[trainer].append(measure(trainer, corpus, vocab_size))
+    reference = measure("gptlab-python", corpus, vocab_size)
+    if reference["tokens"] != runs["gptlab"][-1]["tokens"]:
+        raise AssertionError(f"{label} -> {vocab_size}: compiled and pure-Python gptlab learned different merges")
     best = {trainer: min(run["seconds"] for run in runs[trainer]) for trainer in TRAINERS}
     peak = {trainer: max(run["peak_mib"] for run in runs[trainer]) for trainer in TRAINERS}
     figures = "  ".join(f"{trainer} {best[trainer]:.2f} s ({peak[trainer]:.0f} MiB)" for trainer in TRAINERS)
@@ -178,6 +188,10 @@ def run_case(corpus: str, vocab_size: int, repeats: int) -> None:
         f"(256 bytes + {len(last['gptlab']['tokens'])} merges + {len(SPECIAL_TOKENS)} special), "
         f"hf-tokenizers {last['hf-tokenizers']['vocab_size']}, "
         f"rustbpe {last['rustbpe']['vocab_size']} (asked for {vocab_size - len(SPECIAL_TOKENS)}: no special tokens)"
+    )
+    print(
+        f"    gptlab pure-Python reference: {reference['seconds']:.2f} s ({reference['peak_mib']:.0f} MiB), "
+        f"merges identical to the compiled trainer's: yes ({len(reference['tokens'])})"
     )
     for reference, other in [("gptlab", "hf-tokenizers"), ("gptlab", "rustbpe"), ("hf-tokenizers", "rustbpe")]:
         tokens = last[reference]["tokens"], last[other]["tokens"]
@@ -202,8 +216,8 @@ def main() -> None:
     )
     print(f"# time: best of {args.repeats}, train call only, each run in a fresh process; memory: largest peak RSS of those runs.")
     print(f"# small case: the one Shakespeare work closest to {SMALL_TARGET_BYTES:,} bytes.")
-    print("# memory: the child's peak RSS + its largest worker's (gptlab counts in forked processes; the others use threads).")
-    print("# ratio = gptlab seconds / other seconds (> 1: gptlab is slower). Merge lists differ where pair counts tie.")
+    print("# memory: the child's peak RSS + its largest worker process's, if any (all three count on threads).")
+    print("# ratio = gptlab seconds / other seconds (< 1: gptlab is faster). Merge lists differ where pair counts tie.")
     cases = CASES[:2] if args.quick else CASES
     for corpus, vocab_size in cases:
         run_case(corpus, vocab_size, args.repeats)

@@ -98,16 +98,16 @@ def _init_worker(tokenizer: Tokenizer) -> None:
 def _encode_block(documents: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Tokens of the documents, each preceded by the end-of-text id, and each document's length."""
     tokenizer = _worker_tokenizer
-    eot = tokenizer.eot_id
-    dtype = dtype_for(tokenizer.vocab_size)
-    flat: list[int] = []
-    lengths = []
-    for document in documents:
-        before = len(flat)
-        flat.append(eot)
-        flat.extend(tokenizer.encode_ordinary(document))
-        lengths.append(len(flat) - before)
-    return np.array(flat, dtype=dtype), np.asarray(lengths, dtype=np.int64)
+    packed, counts = tokenizer.encode_ordinary_packed(documents)
+    ids = np.frombuffer(packed, dtype=np.uint32)
+    lengths = np.asarray(counts, dtype=np.int64) + 1
+    tokens = np.empty(len(ids) + len(documents), dtype=dtype_for(tokenizer.vocab_size))
+    starts = np.cumsum(lengths) - lengths  # where each document's end-of-text id goes
+    tokens[starts] = tokenizer.eot_id
+    keep = np.ones(len(tokens), dtype=bool)
+    keep[starts] = False
+    tokens[keep] = ids
+    return tokens, lengths
 
 
 def block_target(total_bytes: int | None, workers: int) -> int:

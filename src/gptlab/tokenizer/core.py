@@ -11,6 +11,10 @@ tiktoken do:
 
 Pieces repeat a lot in real text, so encoded pieces are cached.
 
+This file is the readable reference. When the compiled core is built
+(gptlab.tokenizer.native), the same calls run in C and give the same ids:
+`_encode_piece` and `split` here are what fastbpe.c implements.
+
 Not here: training (gptlab.tokenizer.train), file formats (gptlab.tokenizer.formats).
 """
 
@@ -19,14 +23,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from gptlab.runtime import GptlabError
-from gptlab.tokenizer.patterns import compile_pattern, pattern_name, resolve_pattern, split
+from gptlab.tokenizer import native
+from gptlab.tokenizer.patterns import compile_pattern, pattern_name, resolve_pattern, split, split_stable
 from gptlab.tokenizer.specials import AllowedSpecial, SpecialMatcher, raise_disallowed, resolve_special_sets
 from gptlab.tokenizer.stream import stream_parts
-from gptlab.tokenizer.train import count_pieces, learn_merges, merge_pair
+from gptlab.tokenizer.train import count_words, fit_merges, merge_pair
 
 CACHE_LIMIT = 1 << 20  # encoded pieces kept before the cache is cleared (bounds memory on huge corpora)
 
@@ -66,6 +72,28 @@ class Tokenizer:
         self._compiled = compile_pattern(self.pattern)
         self._all_specials = SpecialMatcher(self.special_tokens)
         self._cache: dict[str, list[int]] = {}
+        self._scanner = native.scanner_id(self.pattern)  # the C pre-tokenizer for this pattern, if there is one
+        self._native_encoder = None  # built on first use (see _fast)
+        self._native_tried = False
+
+    def __getstate__(self) -> dict:
+        """Pickled for worker processes without the compiled encoder or the cache (rebuilt there)."""
+        state = dict(self.__dict__)
+        state.update(_cache={}, _native_encoder=None, _native_tried=False)
+        return state
+
+    def _fast(self):
+        """The compiled encoder for this vocabulary, or None when only the pure-Python reference runs."""
+        if not self._native_tried:
+            module = native.fastbpe()
+            if module is not None:
+                ids_of = {token: i for i, token in self.vocab.items() if i not in self.special_tokens.values()}
+                merges = [(left, right, merged) for (left, right), (_, merged) in self._merge_table.items()]
+                self._native_encoder = module.Encoder(
+                    self._byte_ids, merges, list(ids_of), self._scanner if self._scanner is not None else 0
+                )
+            self._native_tried = True
+        return self._native_encoder
 
     def _place_special_tokens(self, special_tokens: Mapping[str, int] | Sequence[str]) -> dict[str, int]:
         if isinstance(special_tokens, Mapping):
@@ -136,6 +164,10 @@ class Tokenizer:
         return ids
 
     def _encode_pieces(self, pieces: Iterable[str], out: list[int]) -> None:
+        fast = self._fast()
+        if fast is not None:
+            out.extend(fast.encode_pieces(pieces if isinstance(pieces, list) else list(pieces)))
+            return
         cache = self._cache
         for piece in pieces:
             ids = cache.get(piece)
@@ -146,11 +178,36 @@ class Tokenizer:
                 cache[piece] = ids
             out.extend(ids)
 
+    def _encode_text(self, text: str, final: bool = True) -> tuple[list[int], int]:
+        """Ids of the text's pieces and the characters they cover; with `final` false, only the
+        pieces that more text could not change (for streaming)."""
+        fast = self._fast()
+        if fast is not None and self._scanner is not None:
+            return (fast.encode(text), len(text)) if final else fast.encode_stable(text)
+        pieces, used = split_stable(text, self._compiled, final)
+        out: list[int] = []
+        self._encode_pieces(pieces, out)
+        return out, used
+
     def encode_ordinary(self, text: str) -> list[int]:
         """Encode text, treating special tokens as plain text."""
-        out: list[int] = []
-        self._encode_pieces(split(text, self._compiled), out)
-        return out
+        return self._encode_text(text)[0]
+
+    def encode_ordinary_packed(self, texts: Sequence[str]) -> tuple[array, list[int]]:
+        """Encode many texts as ordinary text into one array('I') of ids back to back, and each text's count.
+
+        For data preparation: no Python list of ints is built on the compiled path.
+        """
+        fast = self._fast()
+        if fast is not None and self._scanner is not None:
+            ids, counts = fast.encode_packed(list(texts))
+            return array("I", ids), counts
+        packed, counts = array("I"), []
+        for text in texts:
+            ids = self.encode_ordinary(text)
+            packed.extend(ids)
+            counts.append(len(ids))
+        return packed, counts
 
     def encode(
         self,
@@ -172,7 +229,7 @@ class Tokenizer:
             if special:
                 out.append(self.special_tokens[part])
             else:
-                self._encode_pieces(split(part, self._compiled), out)
+                out.extend(self._encode_text(part)[0])
         return out
 
     def encode_iterable(
@@ -188,23 +245,13 @@ class Tokenizer:
         """
         allowed, disallowed = resolve_special_sets(self.special_tokens, allowed_special, disallowed_special)
         matcher = SpecialMatcher(allowed | disallowed)
-        batch: list[str] = []
-        out: list[int] = []
-        for part, special in stream_parts(texts, matcher, self._compiled):
+        for part, special in stream_parts(texts, matcher, self._encode_text):
             if not special:
-                batch.append(part)
-                if len(batch) < 4096:
-                    continue
-            self._encode_pieces(batch, out)
-            batch.clear()
-            if special:
-                if part in disallowed:
-                    raise_disallowed(part)
-                out.append(self.special_tokens[part])
-            yield from out
-            out.clear()
-        self._encode_pieces(batch, out)
-        yield from out
+                yield from part
+            elif part in disallowed:
+                raise_disallowed(part)
+            else:
+                yield self.special_tokens[part]
 
     def encode_batch(
         self,
@@ -220,6 +267,26 @@ class Tokenizer:
         return encode_batch(
             self, texts, workers=workers, allowed_special=allowed_special, disallowed_special=disallowed_special
         )
+
+    def encode_many(
+        self,
+        texts: Sequence[str],
+        *,
+        allowed_special: AllowedSpecial = frozenset(),
+        disallowed_special: AllowedSpecial = "all",
+    ) -> list[list[int]]:
+        """`encode` on each text, in this thread (one compiled call when no special token is allowed)."""
+        fast = self._fast()
+        allowed, disallowed = resolve_special_sets(self.special_tokens, allowed_special, disallowed_special)
+        if fast is None or self._scanner is None or allowed:
+            return [self.encode(text, allowed_special=allowed, disallowed_special=disallowed) for text in texts]
+        if disallowed:
+            matcher = SpecialMatcher(disallowed)
+            for text in texts:
+                found = matcher.search(text)
+                if found is not None:
+                    raise_disallowed(found)
+        return fast.encode_many(texts if isinstance(texts, list) else list(texts))
 
     # ------------------------------------------------------------ decoding
 
@@ -266,16 +333,12 @@ class Tokenizer:
         if texts is None and not files:
             raise GptlabError("nothing to train on: give texts or files")
         regex_text = resolve_pattern(pattern)
-        counts = count_pieces(
+        word_counts = count_words(
             texts=texts, files=files, pattern=regex_text, special_tokens=special_tokens, workers=workers, progress=progress
         )
-        if not counts:
+        if not word_counts:
             raise GptlabError("the training corpus is empty (no text outside special tokens)")
-        word_counts: dict[bytes, int] = {}
-        for piece, count in counts.items():
-            key = piece.encode("utf-8")
-            word_counts[key] = word_counts.get(key, 0) + count
-        merges = learn_merges(word_counts, n_merges, progress=progress)
+        merges = fit_merges(word_counts, n_merges, progress=progress)
         vocab = {i: bytes([i]) for i in range(256)}
         for left, right in merges:
             vocab[len(vocab)] = left + right

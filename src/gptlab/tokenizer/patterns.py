@@ -7,12 +7,10 @@ pattern does not match becomes a piece of its own, so nothing is ever dropped
     >>> split("Hello world!!", compile_pattern("gpt2"))
     ['Hello', ' world', '!!']
 
-Not here: special tokens (gptlab.tokenizer.specials), BPE (gptlab.tokenizer.bpe).
+Not here: special tokens (gptlab.tokenizer.specials), BPE (gptlab.tokenizer.core; the C scanners for the built-in patterns are in _native/fastbpe.c).
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import regex
 
@@ -99,17 +97,17 @@ def split(text: str, compiled: regex.Pattern | None) -> list[str]:
 STREAM_MARGIN = 64
 
 
-def split_stable(text: str, compiled: regex.Pattern | None, final: bool) -> tuple[list[str], str]:
-    """Split a buffer whose text may continue: return (final pieces, held-back tail).
+def split_stable(text: str, compiled: regex.Pattern | None, final: bool) -> tuple[list[str], int]:
+    """Split a buffer whose text may continue: return (final pieces, characters they cover).
 
     Pieces ending within STREAM_MARGIN of the end are held back and must be
     re-split together with the text that follows, so streaming gives exactly
     the pieces of the whole text.
     """
     if final:
-        return split(text, compiled), ""
+        return split(text, compiled), len(text)
     if compiled is None:
-        return [], text
+        return [], 0
     pieces = split(text, compiled)
     limit, end, kept = len(text) - STREAM_MARGIN, 0, 0
     for piece in pieces:
@@ -117,15 +115,4 @@ def split_stable(text: str, compiled: regex.Pattern | None, final: bool) -> tupl
             break
         end += len(piece)
         kept += 1
-    return pieces[:kept], text[end:]
-
-
-def stream_pieces(chunks: Iterator[str], compiled: regex.Pattern | None, buffer_chars: int = 1 << 20) -> Iterator[str]:
-    """Pieces of the concatenation of `chunks`, holding only about `buffer_chars` in memory."""
-    buffer = ""
-    for chunk in chunks:
-        buffer += chunk
-        if len(buffer) >= buffer_chars:
-            pieces, buffer = split_stable(buffer, compiled, final=False)
-            yield from pieces
-    yield from split(buffer, compiled)
+    return pieces[:kept], end

@@ -1,39 +1,33 @@
-"""Streaming text into pieces and special tokens, with bounded memory.
+"""Streaming text into special tokens and the parts between them, with bounded memory.
 
 Shared by training (which counts pieces) and `encode_iterable` (which encodes
-them). Streaming gives exactly the parts the whole text would give: a special
-token cut between two chunks is held back until it is complete, and so is a
-piece that more text could extend (see patterns.split_stable).
+them). The text between special tokens goes to a `take(text, final)` function
+that returns (result, characters used): with `final` false the text may go on
+in the next chunk, so `take` uses only a prefix no further text could change
+(patterns.split_stable) and the rest is offered again with what follows.
+Streaming so gives exactly the parts the whole text would give; a special
+token cut between two chunks is held back until it is complete.
 
-Not here: reading files (gptlab.tokenizer.train), BPE (gptlab.tokenizer.bpe).
+Not here: reading files (gptlab.tokenizer.train), BPE (gptlab.tokenizer.core).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
-import regex
-
-from gptlab.tokenizer.patterns import split, split_stable
 from gptlab.tokenizer.specials import SpecialMatcher
 
-
-def _parts_of(text: str, matcher: SpecialMatcher, compiled: regex.Pattern | None) -> Iterator[tuple[str, bool]]:
-    for part, special in matcher.split(text):
-        if special:
-            yield part, True
-        else:
-            for piece in split(part, compiled):
-                yield piece, False
+Take = Callable[[str, bool], tuple[Any, int]]
 
 
 def stream_parts(
     chunks: Iterable[str],
     matcher: SpecialMatcher,
-    compiled: regex.Pattern | None,
+    take: Take,
     buffer_chars: int = 1 << 20,
-) -> Iterator[tuple[str, bool]]:
-    """Yield (piece, is_special) for the concatenation of `chunks`, in order."""
+) -> Iterator[tuple[Any, bool]]:
+    """Yield (special token, True) and (take's result for the text between them, False), in order."""
     buffer, threshold = "", buffer_chars
     for chunk in chunks:
         buffer += chunk
@@ -44,14 +38,12 @@ def stream_parts(
         parts = matcher.split(head)
         last_special = max((i for i, (_, special) in enumerate(parts) if special), default=-1)
         for part, special in parts[: last_special + 1]:
-            if special:
-                yield part, True
-            else:
-                yield from ((piece, False) for piece in split(part, compiled))
+            yield (part, True) if special else (take(part, True)[0], False)
         open_text = "".join(part for part, _ in parts[last_special + 1 :])
-        pieces, rest = split_stable(open_text, compiled, final=False)
-        yield from ((piece, False) for piece in pieces)
-        buffer = rest + held
+        result, used = take(open_text, False)
+        yield result, False
+        buffer = open_text[used:] + held
         # A piece that never ends (no pre-split, endless whitespace) must not make this quadratic.
         threshold = max(buffer_chars, 2 * len(buffer))
-    yield from _parts_of(buffer, matcher, compiled)
+    for part, special in matcher.split(buffer):
+        yield (part, True) if special else (take(part, True)[0], False)

@@ -18,7 +18,12 @@
    (an index maps each pair to the words holding it), and a heap finds the
    best pair, so a merge costs time in proportion to what it changes.
 
-Not here: encoding (gptlab.tokenizer.bpe), file formats (gptlab.tokenizer.formats).
+This file is the readable reference. When the compiled core is built
+(gptlab.tokenizer.native), counting runs in C on threads (PieceCounter in
+fastbpe.c) and merging in C (_fasttrain.c), with identical results:
+`count_words` and `fit_merges` pick the implementation.
+
+Not here: encoding (gptlab.tokenizer.core), file formats (gptlab.tokenizer.formats).
 """
 
 from __future__ import annotations
@@ -27,14 +32,16 @@ import codecs
 import functools
 import heapq
 import os
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from gptlab.runtime import GptlabError, default_workers, process_context
-from gptlab.tokenizer.patterns import compile_pattern
+from gptlab.tokenizer import native
+from gptlab.tokenizer.patterns import compile_pattern, split_stable
 from gptlab.tokenizer.specials import SpecialMatcher
 from gptlab.tokenizer.stream import stream_parts
 
@@ -72,30 +79,43 @@ def read_text_chunks(path: Path, start: int = 0, end: int | None = None) -> Iter
         yield tail
 
 
-def count_text(chunks: Iterable[str], pattern: str | None, special_tokens: Sequence[str]) -> Counter[str]:
-    """Count the pieces of one document given as a stream of chunks; special tokens are boundaries."""
-    compiled = compile_pattern(pattern)
-    matcher = SpecialMatcher(special_tokens)
-    counts: Counter[str] = Counter()
-    batch: list[str] = []
-    for piece, special in stream_parts(chunks, matcher, compiled):
-        if not special:
-            batch.append(piece)
-            if len(batch) >= 1 << 16:
-                counts.update(batch)
-                batch.clear()
-    counts.update(batch)
+def count_text(chunks: Iterable[str], pattern: str | None, special_tokens: Sequence[str], counts: Counter | None = None):
+    """Count the pieces of one document given as a stream of chunks; special tokens are boundaries.
+
+    Adds to `counts`: a Counter, or the compiled core's PieceCounter (same counts, in C).
+    """
+    counts = Counter() if counts is None else counts
+    if isinstance(counts, Counter):
+        compiled = compile_pattern(pattern)
+
+        def take(text: str, final: bool) -> tuple[None, int]:
+            pieces, used = split_stable(text, compiled, final)
+            counts.update(pieces)
+            return None, used
+
+    else:
+
+        def take(text: str, final: bool) -> tuple[None, int]:
+            return None, counts.add(text, final)
+
+    for _ in stream_parts(chunks, SpecialMatcher(special_tokens), take):
+        pass
     return counts
 
 
-def _count_task(task: tuple, pattern: str | None, special_tokens: tuple[str, ...]) -> tuple[Counter[str], int]:
+def _new_counts(scanner: int | None):
+    """A Counter, or a PieceCounter when the compiled core can split this pattern (`scanner`)."""
+    return Counter() if scanner is None else native.fastbpe().PieceCounter(scanner)
+
+
+def _count_task(task: tuple, pattern: str | None, special_tokens: tuple[str, ...], scanner: int | None) -> tuple:
     """Worker entry: ("file", path, start, end) or ("texts", [str, ...]); returns counts and bytes read."""
+    counts = _new_counts(scanner)
     if task[0] == "file":
         _, path, start, end = task
-        return count_text(read_text_chunks(Path(path), start, end), pattern, special_tokens), end - start
-    counts: Counter[str] = Counter()
+        return count_text(read_text_chunks(Path(path), start, end), pattern, special_tokens, counts), end - start
     for text in task[1]:
-        counts.update(count_text([text], pattern, special_tokens))
+        count_text([text], pattern, special_tokens, counts)
     return counts, sum(len(text.encode("utf-8")) for text in task[1])
 
 
@@ -129,7 +149,9 @@ def file_ranges(path: Path, special_tokens: Sequence[str], target_bytes: int) ->
     return list(zip(starts, [*starts[1:], size]))
 
 
-def _tasks(texts: Iterable[str] | None, files: Sequence[Path], special_tokens: Sequence[str], target: int) -> Iterator[tuple]:
+def _tasks(
+    texts: Iterable[str] | None, files: Sequence[Path], special_tokens: Sequence[str], target: int, text_chars: int
+) -> Iterator[tuple]:
     for path in files:
         yield from (("file", str(path), start, end) for start, end in file_ranges(path, special_tokens, target))
     batch: list[str] = []
@@ -137,11 +159,64 @@ def _tasks(texts: Iterable[str] | None, files: Sequence[Path], special_tokens: S
     for text in texts or ():
         batch.append(text)
         size += len(text)
-        if size >= TEXTS_PER_TASK_CHARS:
+        if size >= text_chars:
             yield ("texts", batch)
             batch, size = [], 0
     if batch:
         yield ("texts", batch)
+
+
+def _count_all(
+    texts: Iterable[str] | None,
+    files: Sequence[str | os.PathLike],
+    pattern: str | None,
+    special_tokens: Sequence[str],
+    workers: int | None,
+    progress: bool,
+):
+    """Counts of distinct pieces over all documents: a Counter, or a PieceCounter from the compiled core.
+
+    The compiled counter frees the GIL, so it runs on threads; the pure-Python one on processes.
+    """
+    paths = [Path(path) for path in files]
+    for path in paths:
+        if not path.is_file():
+            raise GptlabError(f"input file not found: {path}")
+    workers = workers or default_workers()
+    scanner = native.scanner_id(pattern) if native.fastbpe() is not None else None
+    file_bytes = sum(path.stat().st_size for path in paths)
+    text_chars = sum(map(len, texts)) if isinstance(texts, (list, tuple)) else 0
+    min_bytes = PARALLEL_MIN_BYTES if scanner is None else 2 * READ_BLOCK  # threads start for free
+    parallel = workers > 1 and (file_bytes + text_chars >= min_bytes or (texts is not None and not text_chars))
+    target = max(READ_BLOCK, file_bytes // (4 * workers) + 1) if parallel else max(file_bytes, 1)
+    per_task = TEXTS_PER_TASK_CHARS if scanner is None else READ_BLOCK
+    tasks = _tasks(texts, paths, special_tokens, target, per_task)
+    count = functools.partial(_count_task, pattern=pattern, special_tokens=tuple(special_tokens), scanner=scanner)
+    total = _new_counts(scanner)
+    bar = tqdm(total=(file_bytes + text_chars) or None, unit="B", unit_scale=True, desc="pre-tokenize", disable=not progress)
+
+    def add(counts, n_bytes: int) -> None:
+        total.update(counts)
+        bar.update(n_bytes)
+
+    with bar:
+        if parallel and scanner is not None:
+            with ThreadPoolExecutor(workers) as pool:
+                pending: deque = deque()  # bounded: texts may be an endless stream
+                for task in tasks:
+                    pending.append(pool.submit(count, task))
+                    while len(pending) >= 2 * workers:
+                        add(*pending.popleft().result())
+                while pending:
+                    add(*pending.popleft().result())
+        elif parallel:
+            with process_context().Pool(workers) as pool:
+                for counts, n_bytes in pool.imap_unordered(count, tasks):
+                    add(counts, n_bytes)
+        else:
+            for task in tasks:
+                add(*count(task))
+    return total
 
 
 def count_pieces(
@@ -154,31 +229,24 @@ def count_pieces(
     progress: bool = False,
 ) -> Counter[str]:
     """Count distinct pieces over all documents (files and texts), in parallel for large inputs."""
-    paths = [Path(path) for path in files]
-    for path in paths:
-        if not path.is_file():
-            raise GptlabError(f"input file not found: {path}")
-    workers = workers or default_workers()
-    file_bytes = sum(path.stat().st_size for path in paths)
-    text_chars = sum(map(len, texts)) if isinstance(texts, (list, tuple)) else 0
-    parallel = workers > 1 and (file_bytes + text_chars >= PARALLEL_MIN_BYTES or (texts is not None and not text_chars))
-    target = max(READ_BLOCK, file_bytes // (4 * workers) + 1) if parallel else max(file_bytes, 1)
-    tasks = _tasks(texts, paths, special_tokens, target)
-    count = functools.partial(_count_task, pattern=pattern, special_tokens=tuple(special_tokens))
-    total: Counter[str] = Counter()
-    bar = tqdm(total=(file_bytes + text_chars) or None, unit="B", unit_scale=True, desc="pre-tokenize", disable=not progress)
-    with bar:
-        if parallel:
-            with process_context().Pool(workers) as pool:
-                for counts, n_bytes in pool.imap_unordered(count, tasks):
-                    total.update(counts)
-                    bar.update(n_bytes)
-        else:
-            for task in tasks:
-                counts, n_bytes = count(task)
-                total.update(counts)
-                bar.update(n_bytes)
-    return total
+    counts = _count_all(texts, files, pattern, special_tokens, workers, progress)
+    return counts if isinstance(counts, Counter) else Counter(counts.counts())
+
+
+def count_words(
+    *,
+    texts: Iterable[str] | None = None,
+    files: Sequence[str | os.PathLike] = (),
+    pattern: str | None,
+    special_tokens: Sequence[str] = (),
+    workers: int | None = None,
+    progress: bool = False,
+) -> dict[bytes, int]:
+    """`count_pieces` with the pieces as UTF-8 bytes: the words `learn_merges` takes."""
+    counts = _count_all(texts, files, pattern, special_tokens, workers, progress)
+    if not isinstance(counts, Counter):
+        return counts.counts(as_bytes=True)
+    return {piece.encode("utf-8"): count for piece, count in counts.items()}
 
 
 # ---------------------------------------------------------------- 2. merging
@@ -282,4 +350,15 @@ def learn_merges(
                     heapq.heappush(heap, (-total, token_keys[a], token_keys[b], a, b))
             pair_counts.pop(pair, None)
             bar.update(1)
+    return merges
+
+
+def fit_merges(word_counts: dict[bytes, int], n_merges: int, progress: bool = False) -> list[tuple[bytes, bytes]]:
+    """`learn_merges`, run by the compiled learner when it is built (same merges, see native.py)."""
+    fast = native.fasttrain()
+    if fast is None:
+        return learn_merges(word_counts, n_merges, progress=progress)
+    with tqdm(total=n_merges, desc="merges", unit="merge", disable=not progress) as bar:
+        merges = fast.learn_merges(word_counts, n_merges)  # in C, without the GIL: the bar fills at the end
+        bar.update(len(merges))
     return merges
