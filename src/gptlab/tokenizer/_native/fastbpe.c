@@ -312,6 +312,8 @@ typedef struct {
     size_t pairs_mask;
     BytesMap tokens;  /* a vocabulary token's bytes -> span of its BPE ids in token_ids */
     U32Vec token_ids;
+    PyObject **id_objects; /* an int object per id: lists of ids are filled without allocating ints */
+    size_t n_id_objects;
 } Encoder;
 
 static inline uint64_t pair_key(uint32_t left, uint32_t right) { return ((uint64_t)left << 32) | right; }
@@ -505,12 +507,15 @@ static size_t encode_text(const Encoder *e, Work *w, const uint8_t *s, size_t n,
 
 /* ------------------------------------------------------------------ Python glue */
 
-static PyObject *ids_to_list(const uint32_t *ids, size_t n) {
+static PyObject *ids_to_list(const Encoder *e, const uint32_t *ids, size_t n) {
     PyObject *list = PyList_New((Py_ssize_t)n);
     if (!list) return NULL;
     for (size_t i = 0; i < n; i++) {
-        PyObject *value = PyLong_FromUnsignedLong(ids[i]);
-        if (!value) {
+        PyObject *value;
+        if (ids[i] < e->n_id_objects) {
+            value = e->id_objects[ids[i]];
+            Py_INCREF(value);
+        } else if (!(value = PyLong_FromUnsignedLong(ids[i]))) {
             Py_DECREF(list);
             return NULL;
         }
@@ -540,6 +545,8 @@ static int read_ids(PyObject *sequence, uint32_t *out, size_t n, const char *wha
 }
 
 static void Encoder_dealloc(Encoder *self) {
+    for (size_t i = 0; i < self->n_id_objects; i++) Py_XDECREF(self->id_objects[i]);
+    free(self->id_objects);
     free(self->pairs);
     map_free(&self->tokens);
     free(self->token_ids.data);
@@ -588,6 +595,15 @@ static int Encoder_init(Encoder *self, PyObject *args, PyObject *kwargs) {
         self->pairs[i].rank = (uint32_t)rank;
         self->pairs[i].merged = (uint32_t)merged;
     }
+
+    uint32_t max_id = 0;
+    for (int b = 0; b < 256; b++) max_id = self->byte_ids[b] > max_id ? self->byte_ids[b] : max_id;
+    for (size_t i = 0; i <= self->pairs_mask; i++)
+        if (self->pairs[i].key != UINT64_MAX && self->pairs[i].merged > max_id) max_id = self->pairs[i].merged;
+    if (!(self->id_objects = calloc((size_t)max_id + 1, sizeof(PyObject *)))) return PyErr_NoMemory(), -1;
+    self->n_id_objects = (size_t)max_id + 1;
+    for (size_t i = 0; i < self->n_id_objects; i++)
+        if (!(self->id_objects[i] = PyLong_FromSize_t(i))) return -1;
 
     /* Every token's bytes -> its BPE ids (nearly always the token itself): such pieces skip BPE. */
     Py_ssize_t n_tokens = PyList_GET_SIZE(tokens);
@@ -647,7 +663,7 @@ static PyObject *Encoder_encode(Encoder *self, PyObject *text) {
     if (encode_unlocked(self, &w, (const uint8_t *)s, (size_t)n, 1) == SIZE_MAX)
         PyErr_NoMemory();
     else
-        result = ids_to_list(w.out.data, w.out.n);
+        result = ids_to_list(self, w.out.data, w.out.n);
     work_free(&w);
     return result;
 }
@@ -681,7 +697,7 @@ static PyObject *Encoder_encode_stable(Encoder *self, PyObject *text) {
     if (done == SIZE_MAX) {
         PyErr_NoMemory();
     } else {
-        PyObject *ids = ids_to_list(w.out.data, w.out.n);
+        PyObject *ids = ids_to_list(self, w.out.data, w.out.n);
         if (ids) result = Py_BuildValue("(Nn)", ids, count_chars((const uint8_t *)s, done));
     }
     work_free(&w);
@@ -739,7 +755,7 @@ static PyObject *encode_list(Encoder *self, PyObject *items, int as_pieces, int 
         goto done;
     }
     if (mode == RETURN_FLAT) {
-        result = ids_to_list(w.out.data, w.out.n);
+        result = ids_to_list(self, w.out.data, w.out.n);
         goto done;
     }
     if (mode == RETURN_PACKED) {
@@ -758,7 +774,7 @@ static PyObject *encode_list(Encoder *self, PyObject *items, int as_pieces, int 
     if (!(result = PyList_New(count))) goto done;
     for (Py_ssize_t k = 0; k < count; k++) {
         size_t begin = k ? ends[k - 1] : 0;
-        PyObject *ids = ids_to_list(w.out.data + begin, ends[k] - begin);
+        PyObject *ids = ids_to_list(self, w.out.data + begin, ends[k] - begin);
         if (!ids) {
             Py_CLEAR(result);
             goto done;
