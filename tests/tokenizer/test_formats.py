@@ -169,8 +169,8 @@ def test_huggingface_export_gives_the_same_ids(tmp_path, shakespeare_documents, 
     assert hf.decode(tokenizer.encode(text), skip_special_tokens=False) == text
 
 
-def test_gpt2_exports_round_trip_through_tiktoken_and_huggingface(gpt2_pair, shakespeare_documents):
-    ours, theirs = gpt2_pair
-    text = shakespeare_documents[0][:50_000] + SAMPLES["multilingual"] + SAMPLES["whitespace"]
+def test_pretrained_exports_round_trip_through_tiktoken_and_huggingface(pair, shakespeare_documents):
+    ours, theirs = pair
+    text = shakespeare_documents[0][:50_000] + SAMPLES["multilingual"] + SAMPLES["whitespace"] + SAMPLES["numbers"]
     assert ours.to_huggingface().encode(text).ids == theirs.encode(text)
     assert ours.to_tiktoken().encode(text) == theirs.encode(text)

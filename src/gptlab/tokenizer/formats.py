@@ -251,7 +251,10 @@ def huggingface_json(tokenizer) -> dict:
     specials = set(tokenizer.special_tokens.values())
     pre_tokenizers = [{"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]
     if tokenizer.pattern is not None:
-        split = {"type": "Split", "pattern": {"Regex": tokenizer.pattern}, "behavior": "Isolated", "invert": False}
+        # Oniguruma (the regex engine of `tokenizers`) reads `{1,3}+` as "one or more runs of 1-3", not as a
+        # possessive {1,3}; plain `{1,3}` matches what the possessive form does here (nothing follows it).
+        pattern = tokenizer.pattern.replace(r"\p{N}{1,3}+", r"\p{N}{1,3}")
+        split = {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}
         pre_tokenizers.insert(0, split)
     return {
         "version": "1.0",
