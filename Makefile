@@ -37,7 +37,7 @@ test: $(VENV)/.installed-dev
 	$(PY) -m pytest -n 2 -q
 
 bench: $(VENV)/.installed-dev
-	$(PY) bench/tokenizer_train.py
+	$(PY) bench/tokenizer_train.py --large-mb 200
 	$(PY) bench/tokenizer_encode.py
 	$(PY) bench/data_prepare.py
 	$(PY) bench/generate.py

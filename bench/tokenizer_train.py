@@ -8,6 +8,7 @@ runs is shown, with the largest peak memory of those runs.
 
     .venv/bin/python bench/tokenizer_train.py             # all cases, best of 3
     .venv/bin/python bench/tokenizer_train.py --quick     # the small case and 4096 only
+    .venv/bin/python bench/tokenizer_train.py --large-mb 200  # + 200 MB -> 32768, once
 
 Peak memory is the peak RSS of the child itself (VmHWM) plus `ru_maxrss`
 of its largest reaped child process (all three use threads; gptlab's
@@ -44,6 +45,12 @@ def load_corpus(name: str) -> tuple[str, list[str]]:
     """A label saying exactly what the corpus is, and its documents."""
     from gptlab.data.corpus import shakespeare_documents, shakespeare_files
 
+    if name.startswith("mixed"):  # --large-mb: Shakespeare's paragraphs shuffled into documents (as bench/data_prepare.py)
+        from data_prepare import mixed_documents
+
+        size_mb = int(name.removeprefix("mixed"))
+        documents = list(mixed_documents(size_mb * 1_000_000, seed=0))
+        return f"shuffled Shakespeare paragraphs {size_mb} MB ({len(documents):,} documents)", documents
     documents = shakespeare_documents()
     if name == "shakespeare":
         size = sum(len(document.encode("utf-8")) for document in documents)
@@ -204,6 +211,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs per trainer and case; the best time is shown")
     parser.add_argument("--quick", action="store_true", help="only the small case and Shakespeare -> 4096")
+    parser.add_argument("--large-mb", type=int, default=0, help="also a corpus of this many MB -> 32768, run once")
     parser.add_argument("--child", nargs=3, metavar=("TRAINER", "CORPUS", "VOCAB_SIZE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -221,6 +229,8 @@ def main() -> None:
     cases = CASES[:2] if args.quick else CASES
     for corpus, vocab_size in cases:
         run_case(corpus, vocab_size, args.repeats)
+    if args.large_mb:
+        run_case(f"mixed{args.large_mb}", 32768, 1)
 
 
 if __name__ == "__main__":
