@@ -653,56 +653,29 @@ static size_t encode_unlocked(Encoder *self, Work *w, const uint8_t *s, size_t n
     return done;
 }
 
-static PyObject *Encoder_encode(Encoder *self, PyObject *text) {
+/* Encode one str: with `final`, all of it -> list of ids; else -> (ids, chars), the ids of the pieces no
+ * further text could change and how many characters of `text` they cover (the rest must be encoded
+ * again with what follows). */
+static PyObject *encode_one(Encoder *self, PyObject *text, int final) {
     Py_ssize_t n;
     const char *s;
     if (require_ready(self) || !(s = PyUnicode_AsUTF8AndSize(text, &n))) return NULL;
     Work w;
     if (work_init(&w)) return PyErr_NoMemory();
     PyObject *result = NULL;
-    if (encode_unlocked(self, &w, (const uint8_t *)s, (size_t)n, 1) == SIZE_MAX)
-        PyErr_NoMemory();
-    else
-        result = ids_to_list(self, w.out.data, w.out.n);
-    work_free(&w);
-    return result;
-}
-
-/* encode_array(text) -> bytes of native uint32 ids (for numpy.frombuffer; no list of ints is built) */
-static PyObject *Encoder_encode_array(Encoder *self, PyObject *text) {
-    Py_ssize_t n;
-    const char *s;
-    if (require_ready(self) || !(s = PyUnicode_AsUTF8AndSize(text, &n))) return NULL;
-    Work w;
-    if (work_init(&w)) return PyErr_NoMemory();
-    PyObject *result = NULL;
-    if (encode_unlocked(self, &w, (const uint8_t *)s, (size_t)n, 1) == SIZE_MAX)
-        PyErr_NoMemory();
-    else
-        result = PyBytes_FromStringAndSize((const char *)w.out.data, (Py_ssize_t)(w.out.n * sizeof(uint32_t)));
-    work_free(&w);
-    return result;
-}
-
-/* encode_stable(text) -> (ids, chars): the ids of the pieces no further text could change, and how many
- * characters of `text` they cover (the rest must be encoded again with what follows). */
-static PyObject *Encoder_encode_stable(Encoder *self, PyObject *text) {
-    Py_ssize_t n;
-    const char *s;
-    if (require_ready(self) || !(s = PyUnicode_AsUTF8AndSize(text, &n))) return NULL;
-    Work w;
-    if (work_init(&w)) return PyErr_NoMemory();
-    PyObject *result = NULL;
-    size_t done = encode_unlocked(self, &w, (const uint8_t *)s, (size_t)n, 0);
+    size_t done = encode_unlocked(self, &w, (const uint8_t *)s, (size_t)n, final);
     if (done == SIZE_MAX) {
         PyErr_NoMemory();
     } else {
-        PyObject *ids = ids_to_list(self, w.out.data, w.out.n);
-        if (ids) result = Py_BuildValue("(Nn)", ids, count_chars((const uint8_t *)s, done));
+        result = ids_to_list(self, w.out.data, w.out.n);
+        if (result && !final) result = Py_BuildValue("(Nn)", result, count_chars((const uint8_t *)s, done));
     }
     work_free(&w);
     return result;
 }
+
+static PyObject *Encoder_encode(Encoder *self, PyObject *text) { return encode_one(self, text, 1); }
+static PyObject *Encoder_encode_stable(Encoder *self, PyObject *text) { return encode_one(self, text, 0); }
 
 enum { RETURN_FLAT, RETURN_LISTS, RETURN_PACKED };
 
@@ -802,7 +775,6 @@ static PyObject *Encoder_encode_packed(Encoder *self, PyObject *texts) {
 
 static PyMethodDef Encoder_methods[] = {
     {"encode", (PyCFunction)Encoder_encode, METH_O, "encode(text) -> list[int]: split by the pattern, then BPE."},
-    {"encode_array", (PyCFunction)Encoder_encode_array, METH_O, "encode_array(text) -> bytes of native uint32 ids."},
     {"encode_stable", (PyCFunction)Encoder_encode_stable, METH_O,
      "encode_stable(text) -> (ids, chars): only the pieces more text could not change."},
     {"encode_pieces", (PyCFunction)Encoder_encode_pieces, METH_O,
