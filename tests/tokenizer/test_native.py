@@ -24,11 +24,12 @@ from .conftest import SAMPLES
 
 PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 EOT = "<|endoftext|>"
-SCANNED = {"gpt2": _fastbpe.PATTERN_GPT2, "gpt4": _fastbpe.PATTERN_GPT4}
+SCANNED = {"gpt2": _fastbpe.PATTERN_GPT2, "gpt4": _fastbpe.PATTERN_GPT4, "o200k": _fastbpe.PATTERN_O200K}
 
 # Characters where the patterns' rules meet: every kind of space, contraction letters (and U+017F, which
-# `regex` folds to "s"), letters, digits, marks, punctuation, CJK, emoji.
-TRICKY = list(" \t\n\r\x0b\x0c\x1c\x85\xa0\u2028\u3000'sSdDtTmMlLvVeErR\u017fa1٣½²!?.,-/é漢\u0301\U0001f600<|>")
+# `regex` folds to "s"), letters of each case class o200k tells apart (Lu, Ll, Lt, Lm, Lo), combining
+# marks, digits, punctuation, CJK, emoji.
+TRICKY = list(" \t\n\r\x0b\x0c\x1c\x85\xa0\u2028\u3000'sSdDtTmMlLvVeErR\u017faA1٣½²!?.,-/éΩωǅʰ漢\u0301\u0308\U0001f600<|>")
 tricky_text = st.text(alphabet=st.sampled_from(TRICKY), max_size=40)
 any_text = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
 mixed_text = st.lists(st.one_of(tricky_text, any_text), max_size=4).map("".join)
@@ -260,7 +261,7 @@ def test_surrogates_raise_like_the_reference(gpt2_pair):
 # ---------------------------------------------------------------- counting for training
 
 
-@pytest.mark.parametrize("pattern", ["gpt2", "gpt4", "none", "o200k"])
+@pytest.mark.parametrize("pattern", ["gpt2", "gpt4", "none", "o200k", r"\w+|\W"])
 @pytest.mark.parametrize("workers", [1, 2])
 def test_piece_counts_equal_the_reference(shakespeare_documents, tmp_path, pattern, workers):
     documents = shakespeare_documents[:4]

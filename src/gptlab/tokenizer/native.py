@@ -1,7 +1,7 @@
 """The compiled core, when it was built: loading it, or saying once why the pure-Python reference runs.
 
 `pip install` compiles two small C extensions (setup.py): `_fastbpe` (pre-tokenizer
-scanners for the gpt2/gpt4 patterns, BPE, piece counting) and `_fasttrain` (the
+scanners for the gpt2/gpt4/o200k patterns, BPE, piece counting) and `_fasttrain` (the
 merge learner). Both give exactly what the pure-Python reference in core.py and
 train.py gives; tests/tokenizer/test_native.py proves it. Without a C compiler,
 or with GPTLAB_PURE_PYTHON=1 in the environment, the reference runs instead.
@@ -16,7 +16,7 @@ import os
 import sys
 from types import ModuleType
 
-from gptlab.tokenizer.patterns import GPT2_PATTERN, GPT4_PATTERN
+from gptlab.tokenizer.patterns import GPT2_PATTERN, GPT4_PATTERN, O200K_PATTERN
 
 ENV_PURE_PYTHON = "GPTLAB_PURE_PYTHON"
 _warned = False
@@ -52,7 +52,7 @@ def fasttrain() -> ModuleType | None:
 
 
 def scanner_id(regex_text: str | None) -> int | None:
-    """The C scanner for a split pattern: 0 none, 1 gpt2, 2 gpt4; None when only `regex` can split it."""
+    """The C scanner for a split pattern: 0 none, 1 gpt2, 2 gpt4, 3 o200k; None when only `regex` can split it."""
     if regex_text is None:
         return 0
-    return {GPT2_PATTERN: 1, GPT4_PATTERN: 2}.get(regex_text)
+    return {GPT2_PATTERN: 1, GPT4_PATTERN: 2, O200K_PATTERN: 3}.get(regex_text)

@@ -1,7 +1,7 @@
 /* gptlab.tokenizer._fastbpe: the compiled encoder. Same ids as the pure-Python reference, faster.
  *
  * What it owns:
- *   1. Pre-tokenization for the GPT-2 and GPT-4 (cl100k) split patterns, hand-written as scanners over
+ *   1. Pre-tokenization for the GPT-2, GPT-4 (cl100k) and o200k split patterns, hand-written as scanners over
  *      UTF-8 (no regex engine): each returns where the piece starting at a position ends, exactly as the
  *      `regex` module matches the patterns in patterns.py. Character classes come from unicode_table.h,
  *      generated from `regex` itself. "none" (no pre-split) makes the whole text one piece.
@@ -12,7 +12,7 @@
  *      and each call keeps a cache of the other pieces it has seen.
  *   4. Counting pieces for training (PieceCounter).
  * The GIL is released while scanning and merging, so Python threads encode in parallel.
- * Not here: special tokens (split off in Python before text gets here), other patterns (split by
+ * Not here: special tokens (split off in Python before text gets here), custom patterns (split by
  * `regex` in Python, then encode_pieces), training merges (_fasttrain.c).
  */
 #define PY_SSIZE_T_CLEAN
@@ -23,7 +23,7 @@
 
 #include "unicode_table.h"
 
-enum { PATTERN_NONE = 0, PATTERN_GPT2 = 1, PATTERN_GPT4 = 2 };
+enum { PATTERN_NONE = 0, PATTERN_GPT2 = 1, PATTERN_GPT4 = 2, PATTERN_O200K = 3 };
 #define SMALL_PIECE 96   /* pieces up to this many bytes use the rescanning BPE */
 #define CACHE_BYTES (64u << 20)  /* a call's piece cache is emptied when it grows past this */
 #define NO_RANK UINT32_MAX
@@ -216,12 +216,15 @@ static inline size_t run(Text *t, size_t i, int kind) {
     return i;
 }
 
+enum { SPACES_GPT2, SPACES_GPT4, SPACES_O200K };
+
 /* A whitespace run at i, for the patterns' last alternatives:
  *   \s++$            the run reaches the end of the text: all of it;
- *   \s*[\r\n]        (GPT-4 only) up to and including the run's last \r or \n;
+ *   \s*[\r\n]        (GPT-4, o200k) up to and including the run's last \r or \n; o200k tries this
+ *                    before the end-of-text rule (its \s*[\r\n]+ comes first);
  *   \s+(?!\S)        a run of two or more before a non-space: all but its last character;
  *   \s               else one character. */
-static size_t space_piece(Text *t, size_t i, int newline_rule) {
+static size_t space_piece(Text *t, size_t i, int rules) {
     uint32_t cp;
     size_t length, last_start = i, after_newline = 0, j = i;
     while (char_at(t, j, &cp, &length) && is_kind(cp, KIND_SPACE)) {
@@ -229,8 +232,9 @@ static size_t space_piece(Text *t, size_t i, int newline_rule) {
         last_start = j;
         j += length;
     }
+    if (rules == SPACES_O200K && after_newline) return after_newline;
     if (j >= t->n) return j;
-    if (newline_rule && after_newline) return after_newline;
+    if (rules == SPACES_GPT4 && after_newline) return after_newline;
     if (last_start > i) return last_start;
     return j;
 }
@@ -260,14 +264,14 @@ static size_t gpt2_piece(Text *t, size_t i) {
     if (cp == '\'' && (end = contraction(t, i, 0))) return end;
     size_t start = i;
     if (cp == ' ') {
-        if (!char_at(t, i + 1, &c1, &l1) || is_kind(c1, KIND_SPACE)) return space_piece(t, i, 0);
+        if (!char_at(t, i + 1, &c1, &l1) || is_kind(c1, KIND_SPACE)) return space_piece(t, i, SPACES_GPT2);
         start = i + 1;
         cp = c1;
     }
     if (is_kind(cp, KIND_LETTER)) return run(t, start, KIND_LETTER);
     if (is_kind(cp, KIND_NUMBER)) return run(t, start, KIND_NUMBER);
     if (is_kind(cp, KIND_OTHER)) return run(t, start, KIND_OTHER);
-    return space_piece(t, i, 0);
+    return space_piece(t, i, SPACES_GPT2);
 }
 
 /* '(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+
@@ -290,12 +294,90 @@ static size_t gpt4_piece(Text *t, size_t i) {
     if (is_kind(cp, KIND_OTHER)) start = i;
     else if (cp == ' ' && has_next && is_kind(c1, KIND_OTHER)) start = i + 1;
     if (start != SIZE_MAX) return run(t, run(t, start, KIND_OTHER), KIND_NEWLINE);
-    return space_piece(t, i, 1);
+    return space_piece(t, i, SPACES_GPT4);
+}
+
+/* o200k's letter rules backtrack, so they are written as the search `regex` does: first the longest
+ * upper-case-ish run U*, then give characters back until a lower-case-ish run W+ can start. */
+static inline int has_class(Text *t, size_t i, uint8_t mask, size_t *length) {
+    uint32_t cp;
+    return char_at(t, i, &cp, length) && (unicode_class(cp) & mask);
+}
+
+static size_t class_run(Text *t, size_t i, uint8_t mask) {
+    size_t length;
+    while (has_class(t, i, mask, &length)) i += length;
+    return i;
+}
+
+/* (?i:'s|'t|'re|'ve|'m|'ll|'d)? after letters: where the piece ends. */
+static size_t o200k_suffix(Text *t, size_t i) {
+    uint32_t cp;
+    size_t length;
+    if (!char_at(t, i, &cp, &length) || cp != '\'') return i;
+    size_t end = contraction(t, i, 1);
+    return end ? end : i;
+}
+
+/* Start of the character before byte offset i (UTF-8 continuation bytes are 10xxxxxx). */
+static inline size_t previous_char(const Text *t, size_t i) {
+    do i--;
+    while (i > 0 && (t->s[i] & 0xC0) == 0x80);
+    return i;
+}
+
+/* [^\r\n\p{L}\p{N}]?U*W+suffix? and [^\r\n\p{L}\p{N}]?U+W*suffix? from i; 0 when neither matches. */
+static size_t o200k_letters(Text *t, size_t i) {
+    uint32_t cp;
+    size_t length, prefix_end = 0;
+    if (char_at(t, i, &cp, &length) && cp != '\r' && cp != '\n' && !(unicode_class(cp) & (CLASS_LETTER | CLASS_NUMBER)))
+        prefix_end = i + length;
+    size_t starts[2] = {prefix_end, i}; /* with the optional prefix first, then without it */
+    int first = prefix_end ? 0 : 1;
+    for (int k = first; k < 2; k++) { /* U*W+ */
+        size_t p = starts[k];
+        size_t u_end = class_run(t, p, CLASS_UPPERISH), w_length;
+        for (size_t q = u_end;; q = previous_char(t, q)) {
+            if (has_class(t, q, CLASS_LOWERISH, &w_length)) return o200k_suffix(t, class_run(t, q, CLASS_LOWERISH));
+            if (q == p) break;
+        }
+    }
+    for (int k = first; k < 2; k++) { /* U+W* */
+        size_t p = starts[k];
+        size_t u_end = class_run(t, p, CLASS_UPPERISH);
+        if (u_end > p) return o200k_suffix(t, class_run(t, u_end, CLASS_LOWERISH));
+    }
+    return 0;
+}
+
+/* The o200k_base pattern (patterns.O200K_PATTERN):
+ * [^\r\n\p{L}\p{N}]?U*W+suffix?|[^\r\n\p{L}\p{N}]?U+W*suffix?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*
+ * |\s*[\r\n]+|\s+(?!\S)|\s+ */
+static size_t o200k_piece(Text *t, size_t i) {
+    uint32_t cp = 0, c1 = 0;
+    size_t length, l1, end;
+    if ((end = o200k_letters(t, i))) return end;
+    char_at(t, i, &cp, &length);
+    if (is_kind(cp, KIND_NUMBER)) {
+        end = i + length;
+        for (int k = 1; k < 3 && char_at(t, end, &c1, &l1) && is_kind(c1, KIND_NUMBER); k++) end += l1;
+        return end;
+    }
+    size_t start = SIZE_MAX;
+    if (is_kind(cp, KIND_OTHER)) start = i;
+    else if (cp == ' ' && char_at(t, i + length, &c1, &l1) && is_kind(c1, KIND_OTHER)) start = i + 1;
+    if (start != SIZE_MAX) {
+        end = run(t, start, KIND_OTHER);
+        while (char_at(t, end, &c1, &l1) && (c1 == '\r' || c1 == '\n' || c1 == '/')) end += l1;
+        return end;
+    }
+    return space_piece(t, i, SPACES_O200K);
 }
 
 static inline size_t next_piece(Text *t, size_t i, int pattern) {
     if (pattern == PATTERN_GPT2) return gpt2_piece(t, i);
     if (pattern == PATTERN_GPT4) return gpt4_piece(t, i);
+    if (pattern == PATTERN_O200K) return o200k_piece(t, i);
     t->hit_end = 1; /* no pre-split: the piece is everything, and more text would extend it */
     return t->n;
 }
@@ -566,8 +648,8 @@ static int Encoder_init(Encoder *self, PyObject *args, PyObject *kwargs) {
         PyErr_SetString(PyExc_RuntimeError, "Encoder is already initialized");
         return -1;
     }
-    if (pattern < PATTERN_NONE || pattern > PATTERN_GPT4 || PyList_GET_SIZE(byte_ids) != 256) {
-        PyErr_SetString(PyExc_ValueError, "Encoder needs 256 byte ids and a pattern of 0, 1 or 2");
+    if (pattern < PATTERN_NONE || pattern > PATTERN_O200K || PyList_GET_SIZE(byte_ids) != 256) {
+        PyErr_SetString(PyExc_ValueError, "Encoder needs 256 byte ids and a pattern from 0 to 3");
         return -1;
     }
     self->pattern = pattern;
@@ -816,8 +898,8 @@ static int PieceCounter_init(PieceCounter *self, PyObject *args, PyObject *kwarg
     static char *names[] = {"pattern", NULL};
     int pattern;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i", names, &pattern)) return -1;
-    if (pattern < PATTERN_NONE || pattern > PATTERN_GPT4) {
-        PyErr_SetString(PyExc_ValueError, "pattern must be 0, 1 or 2");
+    if (pattern < PATTERN_NONE || pattern > PATTERN_O200K) {
+        PyErr_SetString(PyExc_ValueError, "pattern must be 0 to 3");
         return -1;
     }
     map_free(&self->counts);
@@ -933,7 +1015,7 @@ static PyObject *module_split(PyObject *module, PyObject *args) {
     PyObject *text;
     int pattern;
     if (!PyArg_ParseTuple(args, "Ui", &text, &pattern)) return NULL;
-    if (pattern < PATTERN_NONE || pattern > PATTERN_GPT4) return PyErr_Format(PyExc_ValueError, "bad pattern");
+    if (pattern < PATTERN_NONE || pattern > PATTERN_O200K) return PyErr_Format(PyExc_ValueError, "bad pattern");
     Py_ssize_t n;
     const char *s = PyUnicode_AsUTF8AndSize(text, &n);
     if (!s) return NULL;
@@ -976,6 +1058,7 @@ PyMODINIT_FUNC PyInit__fastbpe(void) {
         PyModule_AddIntConstant(module, "PATTERN_NONE", PATTERN_NONE) ||
         PyModule_AddIntConstant(module, "PATTERN_GPT2", PATTERN_GPT2) ||
         PyModule_AddIntConstant(module, "PATTERN_GPT4", PATTERN_GPT4) ||
+        PyModule_AddIntConstant(module, "PATTERN_O200K", PATTERN_O200K) ||
         PyModule_AddIntConstant(module, "SMALL_PIECE", SMALL_PIECE)) {
         Py_DECREF(module);
         return NULL;
