@@ -5,7 +5,8 @@
     >>> tok.decode(tok.encode("hello world"))
     'hello world'
 
-Pure Python and no torch: usable without the later stages.
+No torch: usable without the later stages. A readable pure-Python reference (core.py, train.py)
+and an optional compiled core (native.py, _native/) that gives the same ids and merges, faster.
 """
 
 from gptlab.tokenizer.core import Tokenizer
