@@ -473,6 +473,13 @@ static uint64_t heap_pop(Heap *h) {
     return top;
 }
 
+/* Append without ordering (the same struct as a plain list). */
+static int list_push(Heap *h, uint64_t value) {
+    if (grow((void **)&h->data, &h->cap, h->n + 1, sizeof(uint64_t))) return -1;
+    h->data[h->n++] = value;
+    return 0;
+}
+
 #define DEAD UINT32_MAX
 
 /* BPE in place on a long piece, O(n log n): a linked list of tokens and a heap of candidate merges.
@@ -480,7 +487,7 @@ static uint64_t heap_pop(Heap *h) {
  * exactly like the rescanning version. Returns the new length, or SIZE_MAX when out of memory. */
 static size_t bpe_long(const Encoder *e, uint32_t *ids, size_t m) {
     int64_t *next = malloc(m * sizeof(int64_t)), *prev = malloc(m * sizeof(int64_t));
-    Heap heap = {0}, pending = {0};
+    Heap heap = {0}, pending = {0}; /* pending: positions merged at the current rank, a plain list */
     size_t result = SIZE_MAX;
     if (!next || !prev) goto done;
     for (size_t i = 0; i < m; i++) {
@@ -504,7 +511,7 @@ static size_t bpe_long(const Encoder *e, uint32_t *ids, size_t m) {
             ids[j] = DEAD;
             next[i] = next[j];
             if (next[j] >= 0) prev[next[j]] = (int64_t)i;
-            if (heap_push(&pending, i)) goto done;
+            if (list_push(&pending, i)) goto done;
         }
         for (size_t k = 0; k < pending.n; k++) { /* new pairs around each merged token */
             size_t i = (size_t)pending.data[k];
