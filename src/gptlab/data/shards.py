@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gptlab.runtime import GptlabError, atomic_write
+from gptlab.runtime import GptlabError, atomic_write, read_json
 
 MAGIC = b"GPTLABTK"
 VERSION = 1
@@ -131,15 +131,10 @@ MANIFEST_FORMAT = "gptlab-shards"
 
 def read_manifest(directory: str | os.PathLike) -> dict:
     """The manifest of a prepared directory, checked for format and version."""
-    import json
-
     path = Path(directory) / MANIFEST_NAME
     if not path.is_file():
         raise GptlabError(f"no prepared data at {directory} (no {MANIFEST_NAME}; make it with `gptlab data prepare`)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise GptlabError(f"{path} is truncated or not JSON: {error}") from None
+    manifest = read_json(path)
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise GptlabError(f"{path} is not a gptlab shard manifest")
     if manifest.get("version") != VERSION:

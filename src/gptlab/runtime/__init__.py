@@ -1,7 +1,7 @@
 """Runtime: errors, paths and file helpers shared by every stage. Imports nothing else of gptlab."""
 
 from gptlab.runtime.errors import GptlabError
-from gptlab.runtime.files import atomic_write, atomic_write_bytes, atomic_write_text
+from gptlab.runtime.files import atomic_write, atomic_write_bytes, atomic_write_text, read_json
 from gptlab.runtime.paths import cache_dir
 from gptlab.runtime.processes import default_workers, process_context
 
@@ -13,4 +13,5 @@ __all__ = [
     "cache_dir",
     "default_workers",
     "process_context",
+    "read_json",
 ]

@@ -1,15 +1,18 @@
 """Atomic file writes: a temporary name in the same directory, fsync, then rename.
 
 A crash or an error mid-write leaves the previous file (or nothing) in place,
-never a truncated one.
+never a truncated one. Reading back: `read_json` turns a damaged file into one clear error.
 """
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+
+from gptlab.runtime.errors import GptlabError
 
 
 @contextlib.contextmanager
@@ -39,3 +42,11 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     with atomic_write(path, "wb") as handle:
         handle.write(data)
+
+
+def read_json(path: Path) -> Any:
+    """The JSON in `path`; a truncated or non-JSON file is a GptlabError naming it."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise GptlabError(f"{path} is truncated or not JSON: {error}") from None

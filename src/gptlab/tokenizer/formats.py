@@ -23,7 +23,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from gptlab.runtime import GptlabError, atomic_write_text
+from gptlab.runtime import GptlabError, atomic_write_text, read_json
 
 FORMAT_NAME = "gptlab-bpe"
 FORMAT_VERSION = 1
@@ -83,10 +83,7 @@ def load_tokenizer(directory: str | os.PathLike):
     path = directory / FILE_NAME if directory.is_dir() else directory
     if not path.is_file():
         raise GptlabError(f"no tokenizer at {directory} (expected {FILE_NAME}; make one with `gptlab tokenizer train`)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise GptlabError(f"{path} is truncated or not JSON: {error}") from None
+    data = read_json(path)
     _require(isinstance(data, dict) and data.get("format") == FORMAT_NAME, path, f"format is not {FORMAT_NAME!r}")
     _require(data.get("version") == FORMAT_VERSION, path, f"version {data.get('version')!r}, this gptlab reads {FORMAT_VERSION}")
     vocab, merges, specials = data.get("vocab"), data.get("merges"), data.get("special_tokens")
