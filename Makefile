@@ -39,6 +39,7 @@ test: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(PY) bench/tokenizer_train.py --large-mb 200
 	$(PY) bench/tokenizer_encode.py
+	$(PY) bench/tokenizer_profile.py
 	$(PY) bench/data_prepare.py
 	$(PY) bench/generate.py
 	$(PY) bench/eval_hellaswag.py

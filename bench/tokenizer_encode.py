@@ -23,7 +23,6 @@ against tiktoken's before its time is printed.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -102,12 +101,9 @@ def pure_python_copy(tokenizer):
     """The same tokenizer on the pure-Python reference (GPTLAB_PURE_PYTHON=1 while it is built)."""
     from gptlab.tokenizer import Tokenizer, native
 
-    os.environ[native.ENV_PURE_PYTHON] = "1"
-    try:
+    with native.pure_python():
         copy = Tokenizer(tokenizer.vocab, tokenizer.merges, tokenizer.special_tokens, tokenizer.pattern)
-        copy._fast()
-    finally:
-        del os.environ[native.ENV_PURE_PYTHON]
+        copy._fast()  # decided now, inside: this copy stays pure Python
     return copy
 
 

@@ -9,7 +9,6 @@ import pickle
 import subprocess
 import sys
 from collections import Counter
-from contextlib import contextmanager
 
 import pytest
 import regex
@@ -17,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gptlab.tokenizer import Tokenizer, _fastbpe, native
+from gptlab.tokenizer.native import pure_python
 from gptlab.tokenizer.patterns import compile_pattern, resolve_pattern, split
 from gptlab.tokenizer.train import count_pieces, count_words
 
@@ -33,20 +33,6 @@ TRICKY = list(" \t\n\r\x0b\x0c\x1c\x85\xa0\u2028\u3000'sSdDtTmMlLvVeErR\u017faA1
 tricky_text = st.text(alphabet=st.sampled_from(TRICKY), max_size=40)
 any_text = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
 mixed_text = st.lists(st.one_of(tricky_text, any_text), max_size=4).map("".join)
-
-
-@contextmanager
-def pure_python():
-    """The pure-Python reference for everything built or called inside."""
-    before = os.environ.get(native.ENV_PURE_PYTHON)
-    os.environ[native.ENV_PURE_PYTHON] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[native.ENV_PURE_PYTHON]
-        else:
-            os.environ[native.ENV_PURE_PYTHON] = before
 
 
 def reference_copy(tokenizer: Tokenizer) -> Tokenizer:
@@ -96,6 +82,14 @@ def test_unicode_table_agrees_with_regex_on_every_code_point():
         for match in regex.finditer(pattern, everything):
             expected[match.start()] |= 1 << bit
     assert [_fastbpe.char_class(cp) for cp in range(0x110000)] == expected
+
+
+def test_pure_python_context_switches_the_core_off_and_restores_the_environment(monkeypatch):
+    monkeypatch.setenv(native.ENV_PURE_PYTHON, "0")
+    with pure_python():
+        assert native.fastbpe() is None and native.fasttrain() is None
+    assert os.environ[native.ENV_PURE_PYTHON] == "0"
+    assert native.fastbpe() is _fastbpe
 
 
 def test_pure_python_is_chosen_by_environment_in_a_fresh_process():

@@ -14,6 +14,8 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 
 from gptlab.tokenizer.patterns import GPT2_PATTERN, GPT4_PATTERN, O200K_PATTERN
@@ -56,3 +58,20 @@ def scanner_id(regex_text: str | None) -> int | None:
     if regex_text is None:
         return 0
     return {GPT2_PATTERN: 1, GPT4_PATTERN: 2, O200K_PATTERN: 3}.get(regex_text)
+
+
+@contextmanager
+def pure_python() -> Iterator[None]:
+    """Run the pure-Python reference for everything built or called inside (to compare or time it).
+
+    A Tokenizer keeps the choice made at its first encode, so one built and used inside stays pure Python.
+    """
+    before = os.environ.get(ENV_PURE_PYTHON)
+    os.environ[ENV_PURE_PYTHON] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[ENV_PURE_PYTHON]
+        else:
+            os.environ[ENV_PURE_PYTHON] = before
