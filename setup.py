@@ -24,12 +24,7 @@ class BuildExt(build_ext):
 setup(
     cmdclass={"build_ext": BuildExt},
     ext_modules=[
-        Extension(
-            "gptlab.tokenizer._fastbpe",
-            sources=["src/gptlab/tokenizer/_native/fastbpe.c"],
-            depends=["src/gptlab/tokenizer/_native/unicode_table.h"],
-            optional=True,
-        ),
+        Extension("gptlab.tokenizer._fastbpe", sources=["src/gptlab/tokenizer/_native/fastbpe.c"], optional=True),
         Extension("gptlab.tokenizer._fasttrain", sources=["src/gptlab/tokenizer/_native/fasttrain.c"], optional=True),
     ],
 )

@@ -51,11 +51,11 @@ def profile_reference(tokenizer, text: str) -> None:
 
 
 def profile_compiled(tokenizer, text: str) -> None:
-    from gptlab.tokenizer import _fastbpe, native
+    from gptlab.tokenizer import native
 
     encoder = tokenizer._fast()
     scanner = native.scanner_id(tokenizer.pattern)
-    scan = best_of(lambda: _fastbpe.PieceCounter(scanner).add(text))
+    scan = best_of(lambda: native.fastbpe().PieceCounter(scanner).add(text))
     packed = best_of(lambda: encoder.encode_packed([text]))
     full = best_of(lambda: encoder.encode(text))
     n_bytes = len(text.encode("utf-8"))

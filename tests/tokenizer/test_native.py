@@ -15,13 +15,14 @@ import regex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gptlab.tokenizer import Tokenizer, _fastbpe, native
+from gptlab.tokenizer import Tokenizer, native
 from gptlab.tokenizer.native import pure_python
 from gptlab.tokenizer.patterns import compile_pattern, resolve_pattern, split
 from gptlab.tokenizer.train import count_pieces, count_words
 
 from .conftest import SAMPLES
 
+_fastbpe = native.fastbpe()  # the compiled module, its character classes set from `regex`
 PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 EOT = "<|endoftext|>"
 SCANNED = {"gpt2": _fastbpe.PATTERN_GPT2, "gpt4": _fastbpe.PATTERN_GPT4, "o200k": _fastbpe.PATTERN_O200K}
@@ -63,25 +64,55 @@ def trained(shakespeare_documents):
 
 
 def test_compiled_core_is_built_and_used():
-    assert native.fastbpe() is _fastbpe
+    from gptlab.tokenizer import _fastbpe as module
+
+    assert native.fastbpe() is module is _fastbpe
     assert native.fasttrain() is not None
 
 
-def test_unicode_table_agrees_with_regex_on_every_code_point():
+def test_character_classes_agree_with_regex_on_every_code_point():
+    """The table native.py builds from runs of each class, checked code point by code point."""
     classes = {
-        "LETTER": r"\p{L}",
-        "NUMBER": r"\p{N}",
-        "SPACE": r"\s",
-        "UPPERISH": r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]",
-        "LOWERISH": r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]",
-        "MARK": r"\p{M}",
+        _fastbpe.CLASS_LETTER: r"\p{L}",
+        _fastbpe.CLASS_NUMBER: r"\p{N}",
+        _fastbpe.CLASS_SPACE: r"\s",
+        _fastbpe.CLASS_UPPERISH: r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]",
+        _fastbpe.CLASS_LOWERISH: r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]",
     }
     everything = "".join(map(chr, range(0x110000)))
     expected = [0] * 0x110000
-    for bit, pattern in enumerate(classes.values()):
+    for flag, pattern in classes.items():
         for match in regex.finditer(pattern, everything):
-            expected[match.start()] |= 1 << bit
+            expected[match.start()] |= flag
     assert [_fastbpe.char_class(cp) for cp in range(0x110000)] == expected
+    assert sum(1 for flags in expected if flags & _fastbpe.CLASS_LETTER) > 100_000
+
+
+def test_scanners_refuse_to_run_without_character_classes():
+    """Imported directly (not through native.fastbpe()), the module has no classes yet: a clear error."""
+    code = """
+import pytest
+from gptlab.tokenizer import _fastbpe as m
+assert not m.has_char_classes()
+for call in (lambda: m.split("a b", m.PATTERN_GPT2), lambda: m.PieceCounter(m.PATTERN_GPT4), lambda: m.char_class(65)):
+    with pytest.raises(RuntimeError, match="character classes are not set"):
+        call()
+assert m.split("a b", m.PATTERN_NONE) == ["a b"]
+with pytest.raises(ValueError, match="one per code point"):
+    m.set_char_classes(b"x")
+table = bytearray(0x110000)
+table[ord("a")], table[ord(" ")] = m.CLASS_LETTER, m.CLASS_SPACE
+m.set_char_classes(bytes(table))
+m.set_char_classes(bytes(table))
+assert m.split("ab b", m.PATTERN_GPT2) == ["a", "b", " b"]  # "b" is no letter in this table
+table[ord("b")] = m.CLASS_LETTER
+with pytest.raises(RuntimeError, match="already set to a different table"):
+    m.set_char_classes(bytes(table))
+print("ok")
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "ok"
 
 
 def test_pure_python_context_switches_the_core_off_and_restores_the_environment(monkeypatch):

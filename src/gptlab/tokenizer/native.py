@@ -3,7 +3,9 @@
 `pip install` compiles two small C extensions (setup.py): `_fastbpe` (pre-tokenizer
 scanners for the gpt2/gpt4/o200k patterns, BPE, piece counting) and `_fasttrain` (the
 merge learner). Both give exactly what the pure-Python reference in core.py and
-train.py gives; tests/tokenizer/test_native.py proves it. Without a C compiler,
+train.py gives; tests/tokenizer/test_native.py proves it. The scanners' character
+classes are read from the installed `regex` module at first use (`char_class_table`),
+so both sides follow the same Unicode version whatever `regex` release is installed. Without a C compiler,
 or with GPTLAB_PURE_PYTHON=1 in the environment, the reference runs instead.
 
 Not here: the algorithms (core.py, train.py keep the readable versions).
@@ -11,9 +13,11 @@ Not here: the algorithms (core.py, train.py keep the readable versions).
 
 from __future__ import annotations
 
+import array
 import importlib
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
@@ -22,6 +26,32 @@ from gptlab.tokenizer.patterns import GPT2_PATTERN, GPT4_PATTERN, O200K_PATTERN
 
 ENV_PURE_PYTHON = "GPTLAB_PURE_PYTHON"
 _warned = False
+_classes_lock = threading.Lock()
+
+# The classes the C scanners test, as the split patterns write them; each sets the bit CLASS_<name>.
+CHAR_CLASSES = {
+    "LETTER": r"\p{L}",
+    "NUMBER": r"\p{N}",
+    "SPACE": r"\s",
+    "UPPERISH": r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]",  # o200k's first letter class
+    "LOWERISH": r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]",  # o200k's second letter class
+}
+N_CODE_POINTS = 0x110000
+
+
+def char_class_table(flags: dict[str, int]) -> bytes:
+    """One byte per code point: the OR of `flags[name]` for every class of CHAR_CLASSES holding it (~0.1 s)."""
+    import regex
+
+    everything = array.array("I", range(N_CODE_POINTS)).tobytes().decode("utf-32-le", "surrogatepass")
+    table = 0
+    for name, pattern in CHAR_CLASSES.items():
+        flag, layer = bytes([flags[name]]), bytearray(N_CODE_POINTS)
+        for run in regex.finditer(f"(?:{pattern})+", everything):
+            start, end = run.span()
+            layer[start:end] = flag * (end - start)
+        table |= int.from_bytes(layer, "little")
+    return table.to_bytes(N_CODE_POINTS, "little")
 
 
 def _load(name: str) -> ModuleType | None:
@@ -44,8 +74,14 @@ def _load(name: str) -> ModuleType | None:
 
 
 def fastbpe() -> ModuleType | None:
-    """The compiled encoder module, or None (pure Python)."""
-    return _load("_fastbpe")
+    """The compiled encoder module, its character classes set, or None (pure Python)."""
+    module = _load("_fastbpe")
+    if module is not None and not module.has_char_classes():
+        with _classes_lock:
+            if not module.has_char_classes():
+                flags = {name: getattr(module, f"CLASS_{name}") for name in CHAR_CLASSES}
+                module.set_char_classes(char_class_table(flags))
+    return module
 
 
 def fasttrain() -> ModuleType | None:

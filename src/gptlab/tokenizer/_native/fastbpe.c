@@ -3,8 +3,9 @@
  * What it owns:
  *   1. Pre-tokenization for the GPT-2, GPT-4 (cl100k) and o200k split patterns, hand-written as scanners over
  *      UTF-8 (no regex engine): each returns where the piece starting at a position ends, exactly as the
- *      `regex` module matches the patterns in patterns.py. Character classes come from unicode_table.h,
- *      generated from `regex` itself. "none" (no pre-split) makes the whole text one piece.
+ *      `regex` module matches the patterns in patterns.py. Character classes come from a table that
+ *      native.py builds from the installed `regex` at first use (set_char_classes), so they follow its
+ *      Unicode version exactly. "none" (no pre-split) makes the whole text one piece.
  *   2. BPE on a piece: merge the adjacent pair of lowest rank, all its occurrences left to right, until
  *      no pair has a rank (core.Tokenizer._encode_piece). Short pieces rescan the pairs after each merge;
  *      long ones use a heap of (rank, position) over a linked list, O(n log n).
@@ -21,9 +22,31 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "unicode_table.h"
-
 enum { PATTERN_NONE = 0, PATTERN_GPT2 = 1, PATTERN_GPT4 = 2, PATTERN_O200K = 3 };
+
+/* ------------------------------------------------------------------ character classes */
+
+/* Bits of the class table; native.CHAR_CLASSES says which `regex` class sets each. */
+enum { CLASS_LETTER = 1, CLASS_NUMBER = 2, CLASS_SPACE = 4, CLASS_UPPERISH = 8, CLASS_LOWERISH = 16 };
+#define N_CODE_POINTS 0x110000
+
+static PyObject *class_owner = NULL;      /* the bytes object holding the table, kept alive for good */
+static const uint8_t *class_table = NULL; /* one byte of CLASS_* bits per code point */
+
+static inline uint8_t unicode_class(uint32_t cp) { return cp < N_CODE_POINTS ? class_table[cp] : 0; }
+
+/* A pattern number is valid, and the scanners it needs have their character classes. */
+static int check_pattern(int pattern) {
+    if (pattern < PATTERN_NONE || pattern > PATTERN_O200K) {
+        PyErr_SetString(PyExc_ValueError, "pattern must be 0 to 3");
+        return -1;
+    }
+    if (pattern != PATTERN_NONE && !class_table) {
+        PyErr_SetString(PyExc_RuntimeError, "character classes are not set: load this module through gptlab.tokenizer.native.fastbpe()");
+        return -1;
+    }
+    return 0;
+}
 #define SMALL_PIECE 96   /* pieces up to this many bytes use the rescanning BPE */
 #define CACHE_BYTES (64u << 20)  /* a call's piece cache is emptied when it grows past this */
 #define NO_RANK UINT32_MAX
@@ -655,8 +678,9 @@ static int Encoder_init(Encoder *self, PyObject *args, PyObject *kwargs) {
         PyErr_SetString(PyExc_RuntimeError, "Encoder is already initialized");
         return -1;
     }
-    if (pattern < PATTERN_NONE || pattern > PATTERN_O200K || PyList_GET_SIZE(byte_ids) != 256) {
-        PyErr_SetString(PyExc_ValueError, "Encoder needs 256 byte ids and a pattern from 0 to 3");
+    if (check_pattern(pattern)) return -1;
+    if (PyList_GET_SIZE(byte_ids) != 256) {
+        PyErr_SetString(PyExc_ValueError, "Encoder needs 256 byte ids");
         return -1;
     }
     self->pattern = pattern;
@@ -904,11 +928,7 @@ static void PieceCounter_dealloc(PieceCounter *self) {
 static int PieceCounter_init(PieceCounter *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"pattern", NULL};
     int pattern;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i", names, &pattern)) return -1;
-    if (pattern < PATTERN_NONE || pattern > PATTERN_O200K) {
-        PyErr_SetString(PyExc_ValueError, "pattern must be 0 to 3");
-        return -1;
-    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i", names, &pattern) || check_pattern(pattern)) return -1;
     map_free(&self->counts);
     if (map_init(&self->counts, 1 << 16)) return PyErr_NoMemory(), -1;
     self->pattern = pattern;
@@ -1022,7 +1042,7 @@ static PyObject *module_split(PyObject *module, PyObject *args) {
     PyObject *text;
     int pattern;
     if (!PyArg_ParseTuple(args, "Ui", &text, &pattern)) return NULL;
-    if (pattern < PATTERN_NONE || pattern > PATTERN_O200K) return PyErr_Format(PyExc_ValueError, "bad pattern");
+    if (check_pattern(pattern)) return NULL;
     Py_ssize_t n;
     const char *s = PyUnicode_AsUTF8AndSize(text, &n);
     if (!s) return NULL;
@@ -1040,13 +1060,36 @@ static PyObject *module_split(PyObject *module, PyObject *args) {
 
 static PyObject *module_char_class(PyObject *module, PyObject *arg) {
     unsigned long cp = PyLong_AsUnsignedLong(arg);
-    if (PyErr_Occurred()) return NULL;
+    if (PyErr_Occurred() || check_pattern(PATTERN_GPT2)) return NULL;
     return PyLong_FromLong(unicode_class((uint32_t)cp));
+}
+
+/* set_char_classes(table: bytes) -> None: once per process; again only with the same table, since
+ * threads may be scanning with it while the GIL is released. */
+static PyObject *module_set_char_classes(PyObject *module, PyObject *table) {
+    if (!PyBytes_Check(table) || PyBytes_GET_SIZE(table) != N_CODE_POINTS)
+        return PyErr_Format(PyExc_ValueError, "the class table must be bytes, one per code point (%d)", N_CODE_POINTS);
+    if (class_owner) {
+        int same = PyObject_RichCompareBool(class_owner, table, Py_EQ);
+        if (same < 0) return NULL;
+        if (!same) return PyErr_Format(PyExc_RuntimeError, "the character classes are already set to a different table");
+        Py_RETURN_NONE;
+    }
+    Py_INCREF(table);
+    class_owner = table;
+    class_table = (const uint8_t *)PyBytes_AS_STRING(table);
+    Py_RETURN_NONE;
+}
+
+static PyObject *module_has_char_classes(PyObject *module, PyObject *unused) {
+    return PyBool_FromLong(class_table != NULL);
 }
 
 static PyMethodDef module_methods[] = {
     {"split", module_split, METH_VARARGS, "split(text, pattern) -> list[str]"},
-    {"char_class", module_char_class, METH_O, "char_class(code_point) -> the CLASS_* bits of unicode_table.h"},
+    {"char_class", module_char_class, METH_O, "char_class(code_point) -> its CLASS_* bits"},
+    {"set_char_classes", module_set_char_classes, METH_O, "set_char_classes(table: bytes) -> None, once per process"},
+    {"has_char_classes", module_has_char_classes, METH_NOARGS, "has_char_classes() -> bool"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1066,7 +1109,12 @@ PyMODINIT_FUNC PyInit__fastbpe(void) {
         PyModule_AddIntConstant(module, "PATTERN_GPT2", PATTERN_GPT2) ||
         PyModule_AddIntConstant(module, "PATTERN_GPT4", PATTERN_GPT4) ||
         PyModule_AddIntConstant(module, "PATTERN_O200K", PATTERN_O200K) ||
-        PyModule_AddIntConstant(module, "SMALL_PIECE", SMALL_PIECE)) {
+        PyModule_AddIntConstant(module, "SMALL_PIECE", SMALL_PIECE) ||
+        PyModule_AddIntConstant(module, "CLASS_LETTER", CLASS_LETTER) ||
+        PyModule_AddIntConstant(module, "CLASS_NUMBER", CLASS_NUMBER) ||
+        PyModule_AddIntConstant(module, "CLASS_SPACE", CLASS_SPACE) ||
+        PyModule_AddIntConstant(module, "CLASS_UPPERISH", CLASS_UPPERISH) ||
+        PyModule_AddIntConstant(module, "CLASS_LOWERISH", CLASS_LOWERISH)) {
         Py_DECREF(module);
         return NULL;
     }
