@@ -34,6 +34,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/gptlab run
 
 test: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff check src tests bench
 	$(PY) -m pytest -n 2 -q
 
 bench: $(VENV)/.installed-dev

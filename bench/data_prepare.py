@@ -50,7 +50,6 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-
 from machine import header, usable_cores
 
 SIDES = ("gptlab", "build-nanogpt")
@@ -365,7 +364,7 @@ def main() -> None:
     size_mb = 20 if args.quick else args.size_mb
     print(header("Data preparation: gptlab prepare_shards vs build-nanogpt's fineweb.py recipe", ["gptlab", "tiktoken", "numpy", "regex"]))
     cases = inputs(size_mb)
-    print(f"# input: .jsonl, one {{\"text\": ...}} row per document; tokenizer GPT-2 (gptlab load_pretrained, tiktoken for the recipe).")
+    print("# input: .jsonl, one {\"text\": ...} row per document; tokenizer GPT-2 (gptlab load_pretrained, tiktoken for the recipe).")
     print(
         f"# mixed{size_mb}: Shakespeare's paragraphs shuffled (seed {SEED}) and repeated into documents of "
         f"{PARAGRAPHS_PER_DOCUMENT[0]}-{PARAGRAPHS_PER_DOCUMENT[1]} paragraphs; real text, but its words repeat far more than web text's,"

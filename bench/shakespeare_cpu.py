@@ -31,8 +31,8 @@ from machine import header
 from gptlab.data.corpus import shakespeare_documents
 from gptlab.data.prepare import PrepareConfig, prepare_shards
 from gptlab.model import preset
-from gptlab.pipeline import evaluate_split
 from gptlab.model.io import load_model
+from gptlab.pipeline import evaluate_split
 from gptlab.tokenizer import Tokenizer
 from gptlab.train import Trainer, train_preset
 from gptlab.train.optim import OptimizerConfig

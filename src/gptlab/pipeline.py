@@ -16,17 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gptlab.data.corpus import corpus_files
+from gptlab.data.prepare import PrepareConfig, prepare_shards
 from gptlab.eval.loss import evaluate_split as evaluate_loss_on_split
 from gptlab.infer.generate import SamplingConfig, generate
 from gptlab.model.io import load_model
-from gptlab.runtime.device import init_runtime
-from gptlab.train import Trainer, TrainConfig, TrainResult
-from gptlab.train.config import shakespeare_cpu
-from gptlab.data.prepare import PrepareConfig, prepare_shards
 from gptlab.runtime import GptlabError, atomic_write_text
 from gptlab.runtime.config import config_to_json
+from gptlab.runtime.device import init_runtime
 from gptlab.tokenizer import Tokenizer
 from gptlab.tokenizer.show import render_tokens, token_stats
+from gptlab.train import TrainConfig, Trainer, TrainResult
+from gptlab.train.config import shakespeare_cpu
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,8 +14,7 @@ import torch.nn.functional as F
 import transformers  # a dev extra: make test installs it
 
 from gptlab.eval.scoring import count_truncated, rolling_loglikelihood, rolling_requests, score_continuations
-from gptlab.eval.tasks import Example, HellaSwag, MultipleChoiceTask
-from gptlab.eval.tasks import hellaswag
+from gptlab.eval.tasks import Example, HellaSwag, MultipleChoiceTask, hellaswag
 from gptlab.model import GPT, ModelConfig
 from gptlab.model.hf import load_hf_gpt2
 from gptlab.runtime import GptlabError

@@ -11,7 +11,6 @@ from gptlab.model import GPT, preset
 from gptlab.model.hf import export_hf, from_pretrained, load_hf_gpt2, load_hf_llama
 from gptlab.runtime import GptlabError
 
-
 ATOL = 1e-5
 
 

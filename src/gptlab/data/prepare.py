@@ -256,7 +256,7 @@ def write_split_shards(
         low, high = index * config.shard_tokens, min((index + 1) * config.shard_tokens, total)
         first = int(np.searchsorted(ends, low, side="right"))  # first document ending after `low`
         last = int(np.searchsorted(starts, high, side="left"))  # documents [first, last) overlap the shard
-        n_started = int(np.count_nonzero((starts[first:last] >= low)))
+        n_started = int(np.count_nonzero(starts[first:last] >= low))
         path = out / f"{split}_{index:06d}.bin"
         entry = {"file": path.name, "tokens": high - low, "documents": n_started}
         entries.append(entry)

@@ -21,7 +21,6 @@ Not here: tokenizing and shards (gptlab.data.prepare).
 
 from __future__ import annotations
 
-import codecs
 import glob
 import json
 import os

@@ -49,7 +49,6 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -41,7 +40,7 @@ import torch
 
 from gptlab.model.config import ModelConfig
 from gptlab.model.gpt import GPT
-from gptlab.model.io import load_model, load_state
+from gptlab.model.io import load_model, load_state, save_safetensors
 from gptlab.runtime import GptlabError, atomic_write_text
 
 CONFIG_NAME = "config.json"
@@ -370,25 +369,9 @@ def export_hf(model: GPT, directory: str | os.PathLike, *, eos_token_id: int | N
     state = {name: tensor.detach().to("cpu").clone(memory_format=torch.contiguous_format) for name, tensor in state.items()}
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    _save_safetensors(state, directory / SAFETENSORS_NAME)
+    save_safetensors(state, directory / SAFETENSORS_NAME)
     atomic_write_text(directory / CONFIG_NAME, json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
     return directory
-
-
-def _save_safetensors(state: Tensors, path: Path) -> None:
-    """save_file needs a path, so write a temporary name beside `path`, fsync, then rename."""
-    from safetensors.torch import save_file
-
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(state, tmp, metadata={"format": "pt"})
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def load_pretrained_directory(directory: str | os.PathLike, *, device: str | torch.device = "cpu") -> GPT:

@@ -12,14 +12,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 
 from gptlab.model.config import ModelConfig
 from gptlab.model.gpt import GPT
-from gptlab.runtime import GptlabError, atomic_write_text
+from gptlab.runtime import GptlabError, atomic_path, atomic_write_text
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -43,21 +42,20 @@ def state_dict_to_save(model: GPT) -> dict[str, torch.Tensor]:
 
 def save_model(model: GPT, directory: str | os.PathLike) -> Path:
     """Write config.json and model.safetensors into `directory` (created if needed)."""
-    from safetensors.torch import save_file
-
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     config = {"format_version": FORMAT_VERSION, **dataclasses.asdict(model.config)}
-    fd, tmp = tempfile.mkstemp(prefix=f".{WEIGHTS_NAME}.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
-        save_file(state_dict_to_save(model), tmp, metadata={"format": "pt", "gptlab_format_version": str(FORMAT_VERSION)})
-        os.replace(tmp, directory / WEIGHTS_NAME)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    save_safetensors(state_dict_to_save(model), directory / WEIGHTS_NAME, {"gptlab_format_version": str(FORMAT_VERSION)})
     atomic_write_text(directory / CONFIG_NAME, json.dumps(config, indent=1) + "\n")
     return directory
+
+
+def save_safetensors(state: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str] | None = None) -> Path:
+    """The one safetensors writer: a temporary name beside `path`, fsync, rename (gptlab.runtime.atomic_path)."""
+    from safetensors.torch import save_file
+
+    with atomic_path(path) as tmp:
+        save_file(state, tmp, metadata={"format": "pt", **(metadata or {})})
+    return Path(path)
 
 
 def load_state(model: GPT, state: dict[str, torch.Tensor], source: str) -> GPT:

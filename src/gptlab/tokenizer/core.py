@@ -29,7 +29,7 @@ from pathlib import Path
 
 from gptlab.runtime import GptlabError
 from gptlab.tokenizer import native
-from gptlab.tokenizer.patterns import compile_pattern, pattern_name, resolve_pattern, split, split_stable
+from gptlab.tokenizer.patterns import compile_pattern, pattern_name, resolve_pattern, split_stable
 from gptlab.tokenizer.specials import AllowedSpecial, SpecialMatcher, raise_disallowed, resolve_special_sets
 from gptlab.tokenizer.stream import stream_parts
 from gptlab.tokenizer.train import count_words, fit_merges, merge_pair
