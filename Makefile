@@ -11,20 +11,22 @@ PIP := $(PY) -m pip
 TORCH_INDEX_FLAG := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 # The compiled tokenizer core: editing it re-runs the install, which rebuilds it.
 NATIVE := setup.py $(wildcard src/gptlab/tokenizer/_native/*.c)
+# Every dependency pinned to the versions the suite passed with (pip constraints); `make lock` updates it.
+LOCK := requirements.lock
 
-.PHONY: demo test install install-dev bench clean
+.PHONY: demo test install install-dev bench lock clean
 
 $(VENV)/.torch:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_INDEX_FLAG) "$(TORCH_SPEC)"
 	touch $@
 
-$(VENV)/.installed: $(VENV)/.torch pyproject.toml $(NATIVE)
-	$(PIP) install -q -e .
+$(VENV)/.installed: $(VENV)/.torch pyproject.toml $(LOCK) $(NATIVE)
+	$(PIP) install -q -c $(LOCK) -e .
 	touch $@
 
-$(VENV)/.installed-dev: $(VENV)/.torch pyproject.toml $(NATIVE)
-	$(PIP) install -q -e ".[dev]"
+$(VENV)/.installed-dev: $(VENV)/.torch pyproject.toml $(LOCK) $(NATIVE)
+	$(PIP) install -q -c $(LOCK) -e ".[dev]"
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
@@ -45,6 +47,17 @@ bench: $(VENV)/.installed-dev
 	$(PY) bench/generate.py
 	$(PY) bench/eval_hellaswag.py
 	$(PY) bench/shakespeare_cpu.py
+
+# Re-resolve every dependency (newest versions pyproject.toml allows) in a fresh venv and record them.
+lock:
+	rm -rf .venv-lock
+	$(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/pip install -q $(TORCH_INDEX_FLAG) "$(TORCH_SPEC)"
+	.venv-lock/bin/pip install -q -e ".[dev]"
+	{ sed -n '1,3p' $(LOCK); .venv-lock/bin/pip freeze --exclude-editable | sed 's/+cpu$$//'; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	rm -rf .venv-lock
+	@echo "requirements.lock updated: run make test, then commit it"
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info src/gptlab/tokenizer/*.so

@@ -7,8 +7,24 @@ random examples on each run, to hunt for new failures.
 
 import os
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("default", derandomize=True, database=None)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory):
+    """A small prepared dataset: 6 Shakespeare works, a 512-token BPE (`tokenizer/`) and its shards (`data/`)."""
+    from gptlab.data.corpus import shakespeare_documents
+    from gptlab.data.prepare import PrepareConfig, prepare_shards
+    from gptlab.tokenizer import Tokenizer
+
+    root = tmp_path_factory.mktemp("prepared")
+    documents = shakespeare_documents()[:6]
+    tokenizer = Tokenizer.train(documents, vocab_size=512)
+    tokenizer.save(root / "tokenizer")
+    prepare_shards("shakespeare", tokenizer, root / "data", PrepareConfig(val=0.1, shard_tokens=200_000, progress=False))
+    return root

@@ -3,8 +3,12 @@
 get the corpus -> train the tokenizer (and measure it on held-out works) ->
 tokenize the corpus into shuffled train/val shards -> train a GPT -> evaluate
 val bits per byte on the whole val split -> sample. Every artefact goes under
-`out/`: the resolved config, the tokenizer, the shards, checkpoints, metrics,
-the loss plot.
+`out/`: the resolved config (`config.json`, what actually ran), the tokenizer,
+the shards, checkpoints, metrics, the loss plot.
+
+The folder belongs to this run (gptlab.runtime.rundir): rerunning the same
+config reuses the finished stages and resumes training; another config, or a
+folder that is not a gptlab run, is refused (`force` starts over).
 """
 
 from __future__ import annotations
@@ -23,40 +27,41 @@ from gptlab.model.io import load_model
 from gptlab.runtime import GptlabError, atomic_write_text
 from gptlab.runtime.config import config_to_json
 from gptlab.runtime.device import init_runtime
+from gptlab.runtime.rundir import RunFolder, claim_run_folder
 from gptlab.tokenizer import Tokenizer
 from gptlab.tokenizer.show import render_tokens, token_stats
 from gptlab.train import TrainConfig, Trainer, TrainResult
 from gptlab.train.config import shakespeare_cpu
+from gptlab.train.trainer import FREE_FIELDS as TRAIN_FREE_FIELDS
 
 
 @dataclass(frozen=True, kw_only=True)
 class TokenizerStageConfig:
-    vocab_size: int = 4096
-    pattern: str = "gpt4"
-    special_tokens: tuple[str, ...] = ("<|endoftext|>",)
+    vocab_size: int = 4096  # ids in all: 256 bytes + merges + special tokens
+    pattern: str = "gpt4"  # split pattern: gpt2 | gpt4 | o200k | none
+    special_tokens: tuple[str, ...] = ("<|endoftext|>",)  # comma-separated
 
 
 @dataclass(frozen=True, kw_only=True)
 class DataStageConfig:
-    val: float = 0.1  # fraction of documents in the val split
-    shard_tokens: int = 1_000_000
-    seed: int = 1337
+    shard_tokens: int = 1_000_000  # tokens per shard
+    seed: int = 1337  # seed of the training documents' shuffle
 
 
 @dataclass(frozen=True, kw_only=True)
 class SampleStageConfig:
-    prompt: str = "ROMEO:\n"
+    prompt: str = "ROMEO:\n"  # text the sample continues
     max_new_tokens: int = 300  # at most what fits in the model's context after the prompt
-    temperature: float = 0.8
-    top_k: int = 50
-    seed: int = 0
+    temperature: float = 0.8  # 0: greedy
+    top_k: int = 50  # sample among the k most likely tokens
+    seed: int = 0  # seed of the sample
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
-    corpus: str = "shakespeare"
-    out: str = "runs/shakespeare"
-    val_every: int = 10  # every val_every-th document is held out for measuring
+    corpus: str = "shakespeare"  # the built-in corpus
+    out: str = "runs/shakespeare"  # the run's folder
+    val_every: int = 10  # every val_every-th document is held out: unseen by the tokenizer, the val split
     tokenizer: TokenizerStageConfig = field(default_factory=TokenizerStageConfig)
     data: DataStageConfig = field(default_factory=DataStageConfig)
     train: TrainConfig = field(default_factory=shakespeare_cpu)  # data, out and tokenizer are set by the run
@@ -65,6 +70,18 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.val_every < 2:
             raise GptlabError(f"val_every must be at least 2 (one document in val_every is held out), got {self.val_every}")
+
+
+# Fields `gptlab run` sets itself, so setting them would be silently ignored: refused instead.
+FIXED_FIELDS = {
+    "train.data": "the run prepares its own data into OUT/data",
+    "train.out": "the run trains into OUT/train; choose the run's folder with --out",
+    "train.tokenizer": "the run trains its own tokenizer into OUT/tokenizer",
+    "train.model.vocab_size": "the model's vocabulary is the run's tokenizer's; set --tokenizer.vocab-size",
+    "train.init_from": "the run trains from scratch with its own tokenizer; fine-tune with `gptlab train --init-from`",
+}
+FREE_FIELDS = ("out", "sample", *(f"train.{name}" for name in TRAIN_FREE_FIELDS))
+RUN_FILES = ("config.json", "tokenizer", "data", "train")
 
 
 @dataclass
@@ -78,11 +95,11 @@ class RunResult:
     sample: str = ""
 
 
-def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: bool = False) -> RunResult:
+def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: bool = False, force: bool = False) -> RunResult:
     out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "config.json", config_to_json(config))
-
+    folder = claim_run_folder(out, command="run", config=dataclasses.asdict(config), ours=RUN_FILES, free=FREE_FIELDS, force=force)
+    if folder.status == "resume":
+        log(f"resuming the run in {out} (same settings): finished stages are reused")
     log(f"[1/7] corpus: {config.corpus}")
     files = corpus_files(config.corpus)
     held_out = files[config.val_every - 1 :: config.val_every]
@@ -90,19 +107,57 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
     size = sum(path.stat().st_size for path in train_files)
     log(f"      {len(train_files)} training documents ({size / 1e6:.1f} MB), {len(held_out)} held out, from {files[0].parent}")
 
-    log(f"[2/7] tokenizer: byte-level BPE, vocab {config.tokenizer.vocab_size}, pattern {config.tokenizer.pattern}")
-    start = time.perf_counter()
-    tokenizer = Tokenizer.train(
-        files=train_files,
-        vocab_size=config.tokenizer.vocab_size,
-        pattern=config.tokenizer.pattern,
-        special_tokens=config.tokenizer.special_tokens,
-    )
-    train_seconds = time.perf_counter() - start
-    tokenizer_dir = out / "tokenizer"
-    tokenizer.save(tokenizer_dir)
-    log(f"      trained in {train_seconds:.1f} s -> {tokenizer_dir / 'tokenizer.json'}")
+    tokenizer, tokenizer_seconds = tokenizer_stage(config, folder, train_files, log)
+    stats = held_out_stage(tokenizer, held_out, log, color)
+    train_config = resolved_train_config(config, out, tokenizer)
+    atomic_write_text(out / "config.json", config_to_json(dataclasses.replace(config, train=train_config)))
+    data_dir = data_stage(config, tokenizer, train_files, held_out, out, log)
 
+    model_config = train_config.model
+    log(f"[5/7] train: {model_config.arch} {model_config.n_layer} layers x {model_config.n_embd} wide, "
+        f"{train_config.max_steps} steps of {train_config.batch_tokens:,} tokens")
+    runtime = init_runtime(train_config.device)
+    trained = Trainer(train_config, runtime=runtime, log=lambda line: log("      " + line)).fit()
+    log(f"      {trained.status} in {trained.seconds:.0f} s, final train loss {trained.final_loss:.3f} -> {trained.checkpoint}")
+
+    log("[6/7] evaluate: the whole val split (the held-out works)")
+    model = load_model(trained.checkpoint, device=runtime.device)
+    val = evaluate_split(model, train_config)
+    log(f"      val loss {val['loss']:.4f} nats/token, val bits per byte {val['bpb']:.4f} ({val['tokens']:,} tokens)")
+
+    log(f"[7/7] sample: {config.sample.max_new_tokens} tokens, temperature {config.sample.temperature}, top-k {config.sample.top_k}")
+    text = sample_text(model, tokenizer, config.sample)
+    log(text)
+    log(f"done: artefacts in {out}/ (loss plot: {out / 'train' / 'loss.png'})")
+    return RunResult(
+        tokenizer_dir=out / "tokenizer", val_bytes_per_token=stats.bytes_per_token, train_seconds=tokenizer_seconds,
+        data_dir=data_dir, train=trained, val_bpb=val["bpb"], sample=text,
+    )
+
+
+def tokenizer_stage(config: RunConfig, folder: RunFolder, files: list[Path], log) -> tuple[Tokenizer, float]:
+    """Train the tokenizer on the training works, or reuse the one this run already trained."""
+    settings = config.tokenizer
+    log(f"[2/7] tokenizer: byte-level BPE, vocab {settings.vocab_size}, pattern {settings.pattern}")
+    directory = folder.path / "tokenizer"
+    done = folder.stage("tokenizer")
+    if done and (directory / "tokenizer.json").is_file():
+        tokenizer = Tokenizer.load(directory)
+        if tokenizer.fingerprint() == done["fingerprint"]:
+            log(f"      reused {directory / 'tokenizer.json'} (trained earlier in this run)")
+            return tokenizer, 0.0
+    start = time.perf_counter()
+    tokenizer = Tokenizer.train(files=files, vocab_size=settings.vocab_size, pattern=settings.pattern,
+                                special_tokens=settings.special_tokens)
+    seconds = time.perf_counter() - start
+    tokenizer.save(directory)
+    folder.finish_stage("tokenizer", {"fingerprint": tokenizer.fingerprint()})
+    log(f"      trained in {seconds:.1f} s -> {directory / 'tokenizer.json'}")
+    return tokenizer, seconds
+
+
+def held_out_stage(tokenizer: Tokenizer, held_out: list[Path], log, color: bool):
+    """How well the tokenizer compresses the works it never saw, and that it round-trips them."""
     log("[3/7] held-out text")
     texts = [path.read_text(encoding="utf-8") for path in held_out]
     start = time.perf_counter()
@@ -115,42 +170,28 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
     log(f"      {stats}; encoded at {rate:.1f} MB/s; decode(encode(text)) == text")
     excerpt = texts[0][:400].rsplit("\n", 1)[0]
     log(render_tokens(tokenizer, tokenizer.encode(excerpt), color=color))
+    return stats
 
-    log(f"[4/7] data: {config.corpus} into shuffled shards, val {config.data.val:g} of the documents")
+
+def data_stage(config: RunConfig, tokenizer: Tokenizer, train_files: list[Path], held_out: list[Path], out: Path, log) -> Path:
+    """Shards of the training works (shuffled) and, as the val split, exactly the held-out works."""
+    log(f"[4/7] data: the training works into shuffled shards; the {len(held_out)} held-out works are the val split")
     data_dir = out / "data"
-    prepare_config = PrepareConfig(val=config.data.val, shard_tokens=config.data.shard_tokens, seed=config.data.seed, progress=False)
-    prepared = prepare_shards(config.corpus, tokenizer, data_dir, prepare_config, force=True)
+    prepare_config = PrepareConfig(val=0, shard_tokens=config.data.shard_tokens, seed=config.data.seed, progress=False)
+    prepared = prepare_shards([str(path) for path in train_files], tokenizer, data_dir, prepare_config,
+                              val_source=[str(path) for path in held_out])
     splits = prepared.manifest["splits"]
-    described = ", ".join(f"{name} {entry['tokens']:,} tokens ({entry['documents']} documents, {len(entry['shards'])} shards)" for name, entry in splits.items())
+    described = ", ".join(f"{name} {entry['tokens']:,} tokens ({entry['documents']} documents, {len(entry['shards'])} shards)"
+                          for name, entry in splits.items())
     log(f"      {prepared.status} in {prepared.seconds:.1f} s: {described} -> {data_dir}")
-    train_config = dataclasses.replace(
-        config.train,
-        data=str(data_dir),
-        out=str(out / "train"),
-        tokenizer=str(tokenizer_dir),
+    return data_dir
+
+
+def resolved_train_config(config: RunConfig, out: Path, tokenizer: Tokenizer) -> TrainConfig:
+    """The training config as the run trains it: its own data, folder, tokenizer and vocabulary."""
+    return dataclasses.replace(
+        config.train, data=str(out / "data"), out=str(out / "train"), tokenizer=str(out / "tokenizer"),
         model=dataclasses.replace(config.train.model, vocab_size=tokenizer.vocab_size),
-    )
-    model_config = train_config.model
-    log(
-        f"[5/7] train: {model_config.arch} {model_config.n_layer} layers x {model_config.n_embd} wide, "
-        f"{train_config.max_steps} steps of {train_config.batch_tokens:,} tokens"
-    )
-    runtime = init_runtime(train_config.device)
-    trained = Trainer(train_config, runtime=runtime, log=lambda line: log("      " + line), resume=False).fit()
-    log(f"      {trained.status} in {trained.seconds:.0f} s, final train loss {trained.final_loss:.3f} -> {trained.checkpoint}")
-
-    log("[6/7] evaluate: the whole val split")
-    model = load_model(trained.checkpoint, device=runtime.device)
-    val_bpb = evaluate_split(model, train_config)
-    log(f"      val loss {val_bpb['loss']:.4f} nats/token, val bits per byte {val_bpb['bpb']:.4f} ({val_bpb['tokens']:,} tokens)")
-
-    log(f"[7/7] sample: {config.sample.max_new_tokens} tokens, temperature {config.sample.temperature}, top-k {config.sample.top_k}")
-    text = sample_text(model, tokenizer, config.sample)
-    log(text)
-    log(f"done: artefacts in {out}/ (loss plot: {out / 'train' / 'loss.png'})")
-    return RunResult(
-        tokenizer_dir=tokenizer_dir, val_bytes_per_token=stats.bytes_per_token, train_seconds=train_seconds,
-        data_dir=data_dir, train=trained, val_bpb=val_bpb["bpb"], sample=text,
     )
 
 
@@ -167,7 +208,7 @@ def sample_text(model, tokenizer: Tokenizer, config: SampleStageConfig) -> str:
         raise GptlabError(f"the sample prompt ({len(prompt)} tokens) fills the model's context ({model.config.block_size})")
     sampling = SamplingConfig(
         max_new_tokens=min(config.max_new_tokens, room), temperature=config.temperature, top_k=config.top_k, seed=config.seed,
-        stop_tokens=(tokenizer.eot_id,),
+        stop_tokens=(tokenizer.eot_id,), vocab_size=tokenizer.vocab_size,
     )
     (ids,) = generate(model, [prompt], sampling)
     return tokenizer.decode(prompt[1:] + ids)
@@ -180,8 +221,9 @@ def hellaswag_fn(config: TrainConfig):
     if not config.tokenizer:
         raise GptlabError("periodic HellaSwag needs the data's tokenizer: pass --tokenizer DIR")
     from gptlab.eval.tasks import HellaSwag
+    from gptlab.tokenizer.pretrained import load_any
 
-    tokenizer = Tokenizer.load(config.tokenizer)
+    tokenizer = load_any(config.tokenizer)
     task = HellaSwag(config.hellaswag_path or None)
 
     def evaluate(model) -> dict[str, float]:
@@ -191,10 +233,7 @@ def hellaswag_fn(config: TrainConfig):
     return evaluate
 
 
-def text_sampler(tokenizer_dir: str, max_new_tokens: int, prompt: str = "\n"):
-    """A function model -> text for the trainer's periodic samples (None without a tokenizer)."""
-    if not tokenizer_dir:
-        return None
-    tokenizer = Tokenizer.load(tokenizer_dir)
+def text_sampler(max_new_tokens: int, prompt: str = "\n"):
+    """A function (model, tokenizer) -> text for the trainer's periodic samples."""
     config = SampleStageConfig(prompt=prompt, max_new_tokens=max_new_tokens)
-    return lambda model: sample_text(model, tokenizer, config)
+    return lambda model, tokenizer: sample_text(model, tokenizer, config)

@@ -230,7 +230,7 @@ def test_cli_model_info_reads_a_saved_model(tmp_path, capsys):
     ("argv", "message"),
     [
         (["--preset", "gpt5"], "gptlab: error: unknown model preset 'gpt5'"),
-        (["--checkpoint", "nowhere"], "gptlab: error: no model config at nowhere/config.json"),
+        (["--checkpoint", "nowhere"], "gptlab: error: no model at nowhere: no such folder here"),
         (["--preset", "gpt2-tiny", "--seq-len", "65"], "longer than the model's context (64)"),
         (["--preset", "gpt2-tiny", "--device-peak", "tpu"], "unknown device peak 'tpu'"),
     ],

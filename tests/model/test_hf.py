@@ -166,7 +166,7 @@ def empty_hub_cache(tmp_path, monkeypatch):
 
 
 def test_from_pretrained_explains_how_to_get_an_uncached_hub_model(empty_hub_cache):
-    with pytest.raises(GptlabError, match=r"not in the local Hugging Face cache.*huggingface-cli download gpt2"):
+    with pytest.raises(GptlabError, match=r"no such model in the local Hugging Face cache.*huggingface-cli download gpt2"):
         from_pretrained("gpt2")
 
 
@@ -194,5 +194,5 @@ def test_from_pretrained_loads_local_hf_and_gptlab_directories(tmp_path):
 
 
 def test_from_pretrained_refuses_a_missing_path(tmp_path):
-    with pytest.raises(GptlabError, match="no directory"):
+    with pytest.raises(GptlabError, match="no model at .*: no such folder"):
         from_pretrained(str(tmp_path / "absent"))

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from gptlab import GptlabError
-from gptlab.pipeline import RunConfig
-from gptlab.runtime.config import apply_overrides, config_to_json
+from gptlab.pipeline import FIXED_FIELDS, RunConfig
+from gptlab.runtime.config import apply_overrides, config_to_json, describe_fields, field_comments
 
 
 def test_config_overrides_set_nested_fields_with_their_types():
@@ -20,8 +20,10 @@ def test_config_overrides_set_nested_fields_with_their_types():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["--tokenizer.vocab_sise", "1"], "unknown option --tokenizer.vocab_sise"),
-        (["--tokenizer.vocab_size", "big"], "expects int, got 'big'"),
+        (["--tokenizer.vocab_sise", "1"], r"unknown option --tokenizer.vocab-sise; did you mean --tokenizer.vocab-size\?"),
+        (["--vocab_size", "1"], r"unknown option --vocab-size; did you mean --tokenizer.vocab-size\?"),
+        (["--tokenizer.vocab_size", "big"], "--tokenizer.vocab-size expects an integer, got 'big'"),
+        (["--train.out", "x"], "cannot be set here: the run trains into OUT/train"),
         (["--tokenizer", "x"], "is a group"),
         (["--out"], "needs a value"),
         (["out", "x"], "unexpected argument"),
@@ -30,9 +32,29 @@ def test_config_overrides_set_nested_fields_with_their_types():
 )
 def test_config_overrides_reject_mistakes(overrides, message):
     with pytest.raises(GptlabError, match=message):
-        apply_overrides(RunConfig(), overrides)
+        apply_overrides(RunConfig(), overrides, fixed=FIXED_FIELDS)
 
 
 def test_config_snapshot_is_json_of_every_field():
     data = json.loads(config_to_json(RunConfig()))
     assert data["tokenizer"] == {"vocab_size": 4096, "pattern": "gpt4", "special_tokens": ["<|endoftext|>"]}
+
+
+def test_config_overrides_are_checked_once_on_the_final_values_so_order_never_matters():
+    """block_size 32 with the default seq_len 128 is invalid alone; with --seq-len 32 it is fine, in either order."""
+    one = apply_overrides(RunConfig(), ["--train.model.block_size", "32", "--train.seq_len", "32"])
+    two = apply_overrides(RunConfig(), ["--train.seq-len", "32", "--train.model.block-size", "32"])
+    assert one == two and one.train.seq_len == 32 and one.train.model.block_size == 32
+    with pytest.raises(GptlabError, match="seq_len 128 is longer than the model's block_size 32"):
+        apply_overrides(RunConfig(), ["--train.model.block_size", "32"])
+
+
+def test_config_help_lists_every_field_with_its_default_and_meaning():
+    text = describe_fields(RunConfig())
+    lines = {line.split()[0]: line for line in text.splitlines()}
+    assert len(lines) == len(text.splitlines())
+    assert "--train.model.n-layer" in lines and " 4 " in lines["--train.model.n-layer"]
+    assert "transformer blocks" in lines["--train.model.n-layer"]
+    from gptlab.train import TrainConfig
+
+    assert all(field_comments(TrainConfig).get(name) for name in TrainConfig.__dataclass_fields__)  # every field documented

@@ -1,27 +1,11 @@
-"""A small prepared dataset (Shakespeare, 512-token BPE) and tiny training configs, shared by the training tests."""
+"""Tiny training configs over the suite's small prepared dataset (the `prepared` fixture of tests/conftest.py)."""
 
 import dataclasses
-
-import pytest
 
 from gptlab.model import preset
 from gptlab.train import TrainConfig
 from gptlab.train.optim import OptimizerConfig
 from gptlab.train.schedule import ScheduleConfig
-
-
-@pytest.fixture(scope="session")
-def prepared(tmp_path_factory):
-    from gptlab.data.corpus import shakespeare_documents
-    from gptlab.data.prepare import PrepareConfig, prepare_shards
-    from gptlab.tokenizer import Tokenizer
-
-    root = tmp_path_factory.mktemp("prepared")
-    documents = shakespeare_documents()[:6]
-    tokenizer = Tokenizer.train(documents, vocab_size=512)
-    tokenizer.save(root / "tokenizer")
-    prepare_shards("shakespeare", tokenizer, root / "data", PrepareConfig(val=0.1, shard_tokens=200_000, progress=False))
-    return root
 
 
 def tiny_config(prepared, out, **changes) -> TrainConfig:

@@ -61,7 +61,7 @@ def test_resume_from_a_checkpoint_continues_the_exact_same_run(prepared, tmp_pat
 def test_ctrl_c_saves_a_checkpoint_and_resume_matches(prepared, tmp_path):
     straight = quiet(tiny_config(prepared, tmp_path / "straight")).fit()
 
-    def interrupt(model):
+    def interrupt(model, tokenizer):
         raise KeyboardInterrupt
 
     config = tiny_config(prepared, tmp_path / "interrupted", sample_every=2)
@@ -122,13 +122,14 @@ def test_a_nan_loss_stops_and_keeps_the_last_checkpoint(prepared, tmp_path, monk
 
 
 def test_a_half_written_checkpoint_is_ignored(prepared, tmp_path):
-    config = tiny_config(prepared, tmp_path / "run", max_steps=3)
+    config = tiny_config(prepared, tmp_path / "run", max_steps=4)
     quiet(config).fit()
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step_000004")
     partial = tmp_path / "run" / "checkpoints" / ".step_000004.tmp"
     partial.mkdir()
     (partial / "model.safetensors").write_bytes(b"half")
     assert list_checkpoints(tmp_path / "run")[-1].name == "step_000003"
-    result = quiet(dataclasses.replace(config, max_steps=4)).fit()
+    result = quiet(config).fit()
     assert result.steps == 4 and len(result.losses) == 1
 
 
@@ -136,7 +137,7 @@ def test_a_half_written_checkpoint_is_ignored(prepared, tmp_path):
     "changes, message",
     [
         ({"batch_tokens": 100}, "does not divide"),
-        ({"model_vocab": 256}, "set --model.vocab_size 512"),
+        ({"model_vocab": 256}, "set --model.vocab-size 512"),
         ({"data": "/nonexistent"}, "no prepared data"),
         ({"data": ""}, "no training data"),
     ],
@@ -188,7 +189,7 @@ def test_compiled_training_still_evaluates_and_samples(prepared, tmp_path):
     """torch.compile wraps the step only: evaluation, sampling and checkpoints use the plain module."""
     samples = []
     config = tiny_config(prepared, tmp_path / "compiled", compile=True, max_steps=2, eval_every=1, sample_every=1, checkpoint_every=1)
-    result = quiet(config, sample_fn=lambda model: samples.append(type(model).__name__) or "text").fit()
+    result = quiet(config, sample_fn=lambda model, tokenizer: samples.append(type(model).__name__) or "text").fit()
     assert result.status == "finished" and result.val_bpb > 0 and samples and set(samples) == {"GPT"}
     assert not any("_orig_mod" in key for key in final_weights(tmp_path / "compiled"))
     plain = quiet(tiny_config(prepared, tmp_path / "plain", max_steps=2, eval_every=1, checkpoint_every=1)).fit()
@@ -213,3 +214,65 @@ def test_periodic_hellaswag_is_logged_and_equals_a_direct_evaluation(prepared, t
     tokenizer = Tokenizer.load(prepared / "tokenizer")
     direct = HellaSwag(path).evaluate(load_model(list_checkpoints(tmp_path / "run")[-1]), tokenizer.encode_ordinary)
     assert scored[-1]["hellaswag_acc"] == direct["acc"] and scored[-1]["hellaswag_acc_norm"] == direct["acc_norm"]
+
+
+# Losses of these two runs, recorded with the Trainer as it was before `fit` was split into methods over a
+# TrainState (same seed, data and settings): the refactor must not change a single number.
+SNAPSHOT = {
+    "plain": ([6.228510856628418, 6.176946640014648, 6.139057636260986, 6.099023342132568, 6.04101037979126,
+               6.107204914093018, 6.050714492797852, 6.048680782318115], 5.948927879333496),
+    "accumulation_dropout_random": ([6.26028299331665, 6.241038799285889, 6.177577972412109, 6.165937423706055,
+                                     6.1176300048828125, 6.097728729248047, 6.007745742797852, 6.009401798248291], 6.0120530128479),
+}
+
+
+@pytest.mark.parametrize("name", SNAPSHOT)
+def test_losses_at_a_fixed_seed_equal_the_snapshot_of_the_unsplit_trainer(prepared, tmp_path, name):
+    config = tiny_config(prepared, tmp_path / name, max_steps=8)
+    if name != "plain":
+        model = dataclasses.replace(config.model, dropout=0.1)
+        config = dataclasses.replace(config, micro_batch=2, loader_mode="random", model=model)
+    result = quiet(config).fit()
+    losses, val_loss = SNAPSHOT[name]
+    # rel 1e-6 allows another CPU's float kernels, nothing more: a changed RNG order or step moves losses by 1e-3
+    assert result.losses == pytest.approx(losses, rel=1e-6, abs=0)
+    assert result.val_loss == pytest.approx(val_loss, rel=1e-6, abs=0)
+
+
+TIME_LIMIT_SCRIPT = """
+import os, sys, time
+from pathlib import Path
+import gptlab.train.trainer as trainer_module
+from gptlab.train import Trainer
+from tests.train.conftest import tiny_config
+
+class SlowClock:  # rank 1's clock jumps past the time limit after a few readings; rank 0's never does
+    calls = 0
+    def __getattr__(self, name):
+        return getattr(time, name)
+    def perf_counter(self):
+        SlowClock.calls += 1
+        return time.perf_counter() + (1e6 if SlowClock.calls > 12 else 0)
+
+if os.environ["RANK"] == "1":
+    trainer_module.time = SlowClock()
+config = tiny_config(Path(sys.argv[1]), Path(sys.argv[2]), micro_batch=2, batch_tokens=8 * 32, max_steps=50, time_limit=1000,
+                     eval_every=0, checkpoint_every=0)
+result = Trainer(config, log=lambda *_: None).fit()
+print(f"rank {os.environ['RANK']}: {result.status} at step {result.steps}", flush=True)
+"""
+
+
+def test_ddp_ranks_agree_on_the_time_limit_so_none_waits_forever(prepared, tmp_path):
+    script = tmp_path / "time_limit.py"
+    script.write_text(TIME_LIMIT_SCRIPT)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(prepared), str(tmp_path / "ddp")]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240, cwd=root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
+    assert len(lines) == 2 and lines[0].split(": ")[1] == lines[1].split(": ")[1]
+    step = int(lines[0].rsplit(" ", 1)[1])
+    assert "time limit" in lines[0] and 0 < step < 50
+    assert list_checkpoints(tmp_path / "ddp")[-1].name == f"step_{step:06d}"

@@ -2,11 +2,15 @@
 
 Exit codes: 0 ok, 1 a user error (GptlabError, missing or unreadable file),
 2 bad command-line usage, 130 interrupted.
+
+Flags are hyphenated (`--vocab-size`, `--model.n-layer`); underscores are
+accepted as aliases (`--vocab_size`), so either spelling works everywhere.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 
 from gptlab.runtime import GptlabError
@@ -15,41 +19,69 @@ from gptlab.runtime import GptlabError
 class ArgumentParser(argparse.ArgumentParser):
     """argparse that reports a usage mistake in one line instead of the usage block."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # --out never silently means --output-format
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> ArgumentParser:
-    from gptlab.cli import data, model, run, sample, tokenizer, train
+    from gptlab import __version__
+    from gptlab.cli import data, export, model, run, sample, tokenizer, train
     from gptlab.cli import eval as eval_cli
 
     parser = ArgumentParser(prog="gptlab", description="Build a GPT language model from scratch.")
-    from gptlab import __version__
-
     parser.add_argument("--version", action="version", version=f"gptlab {__version__}")
     stages = parser.add_subparsers(dest="stage", metavar="STAGE", required=True, parser_class=ArgumentParser)
-    tokenizer.register(stages)
-    data.register(stages)
-    model.register(stages)
-    train.register(stages)
-    run.register(stages)
-    sample.register(stages)
-    eval_cli.register(stages)
+    for module in (tokenizer, data, model, train, run, sample, eval_cli, export):
+        module.register(stages)
     return parser
+
+
+def hyphenate(argv: list[str]) -> list[str]:
+    """--vocab_size 10 -> --vocab-size 10: underscores in a flag's name are aliases of hyphens (values untouched)."""
+    out = []
+    for item in argv:
+        if item.startswith("--") and len(item) > 2:
+            name, equals, value = item.partition("=")
+            item = name.replace("_", "-") + equals + value
+        out.append(item)
+    return out
+
+
+def _all_flags(parser: argparse.ArgumentParser) -> list[str]:
+    flags = [option for action in parser._actions for option in action.option_strings]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                flags += _all_flags(sub)
+    return flags
+
+
+def _unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> str:
+    known = set(_all_flags(parser))
+    hints = []
+    for item in extra:
+        close = difflib.get_close_matches(item.split("=")[0], known, n=1, cutoff=0.7) if item.startswith("--") else []
+        if close:
+            hints.append(f"{item}: did you mean {close[0]}?")
+    return f"unrecognized arguments: {' '.join(extra)}" + (f" ({'; '.join(hints)})" if hints else "")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(hyphenate(sys.argv[1:] if argv is None else list(argv)))
     if extra and not getattr(args, "accepts_overrides", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        parser.error(_unrecognized(parser, extra))
     args.overrides = extra
     try:
         return args.handler(args) or 0
     except GptlabError as error:
         print(f"gptlab: error: {error}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError, UnicodeDecodeError) as error:
         print(f"gptlab: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -1,11 +1,11 @@
-"""`gptlab model info`: a model's size, FLOPs per token and training memory, from a preset or a saved model."""
+"""`gptlab model info`: a model's size, FLOPs per token and training memory, from a preset or any saved model
+(a run folder, a checkpoint, a Hugging Face folder: gptlab.cli.common)."""
 
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
+from gptlab.cli.common import add_model_argument, model_path, positive
 from gptlab.runtime import GptlabError
 
 GIB = 2**30
@@ -17,26 +17,19 @@ def register(stages) -> None:
     info = verbs.add_parser("info", help="parameters, FLOPs per token, MFU targets and training memory of a model")
     source = info.add_mutually_exclusive_group(required=True)
     source.add_argument("--preset", metavar="NAME", help="a model preset (gpt2, gpt2-mini, llama-124m, ...)")
-    source.add_argument("--checkpoint", metavar="DIR", help="a saved model or checkpoint directory (reads its config.json)")
-    info.add_argument("--seq-len", type=int, metavar="T", help="tokens per sequence (default: the block size)")
-    info.add_argument("--batch-size", type=int, default=8, metavar="B", help="sequences per step for the memory estimate (default 8)")
+    add_model_argument(source, required=False)
+    info.add_argument("--seq-len", type=positive, metavar="T", help="tokens per sequence (default: the block size)")
+    info.add_argument("--batch-size", type=positive, default=8, metavar="B", help="sequences per step for the memory estimate (default 8)")
     info.add_argument("--device-peak", default="h100", metavar="NAME|FLOPS", help="a100, h100, h200, cpu, or a peak FLOP/s number (default h100)")
-    info.add_argument("--amp", choices=["bf16", "fp16", "fp32"], default="bf16", help="activation precision (default bf16)")
+    info.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16", help="activation precision (default bf16)")
     info.add_argument("--no-flash", action="store_true", help="count the T x T attention scores (math attention)")
     info.set_defaults(handler=run_info)
 
 
-def _read_config(directory: str):
-    from gptlab.model.io import CONFIG_NAME, config_from_dict
+def _read_config(spec: str):
+    from gptlab.model.hf import read_pretrained_config
 
-    path = Path(directory) / CONFIG_NAME
-    if not path.is_file():
-        raise GptlabError(f"no model config at {path}")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise GptlabError(f"{path} is not valid JSON: {error}") from None
-    return config_from_dict(data)
+    return read_pretrained_config(model_path(spec))
 
 
 def _count(n: int) -> str:
@@ -48,13 +41,13 @@ def run_info(args: argparse.Namespace) -> int:
     from gptlab.model.accounting import PEAK_FLOPS, flops_per_token, param_counts, peak_flops, tokens_per_second_at, training_memory
 
     config = preset(args.preset) if args.preset else _read_config(args.checkpoint)
-    seq_len = args.seq_len or config.block_size
+    seq_len = args.seq_len if args.seq_len is not None else config.block_size
     if seq_len > config.block_size:
         raise GptlabError(f"--seq-len {seq_len} is longer than the model's context ({config.block_size})")
     peak = peak_flops(args.device_peak)
     counts = param_counts(config)
     flops = flops_per_token(config, seq_len)
-    memory = training_memory(config, args.batch_size, seq_len, amp=args.amp, flash_attention=not args.no_flash)
+    memory = training_memory(config, args.batch_size, seq_len, amp=args.precision, flash_attention=not args.no_flash)
 
     name = args.preset or args.checkpoint
     print(f"model       {name}: {config.arch}, n_layer {config.n_layer}, n_head {config.n_head}, n_kv_head {config.kv_heads}, "
@@ -70,7 +63,7 @@ def run_info(args: argparse.Namespace) -> int:
     print(f"throughput  {label} peak {peak / 1e12:g} TFLOP/s: 40% MFU = {tokens_per_second_at(0.4, config, seq_len, peak):,.0f} tokens/s, "
           f"100% = {tokens_per_second_at(1.0, config, seq_len, peak):,.0f} tokens/s")
     attention = "math attention" if args.no_flash else "flash attention"
-    print(f"memory      batch {args.batch_size} x {seq_len} tokens, fp32 params, {args.amp} activations, AdamW, {attention} (GiB):")
+    print(f"memory      batch {args.batch_size} x {seq_len} tokens, fp32 params, {args.precision} activations, AdamW, {attention} (GiB):")
     for part in ("parameters", "gradients", "optimizer", "activations", "weight_casts", "logits", "total"):
         print(f"  {part:<13}{memory[part] / GIB:8.2f}")
     return 0

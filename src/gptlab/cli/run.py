@@ -1,4 +1,4 @@
-"""`gptlab run`: the whole pipeline, configured by dotted overrides (e.g. --tokenizer.vocab_size 8192)."""
+"""`gptlab run`: the whole pipeline, configured by dotted overrides (e.g. --tokenizer.vocab-size 8192)."""
 
 from __future__ import annotations
 
@@ -7,20 +7,26 @@ import sys
 
 
 def register(stages) -> None:
+    from gptlab.pipeline import FIXED_FIELDS, RunConfig
+    from gptlab.runtime.config import describe_fields
+
     parser = stages.add_parser(
         "run",
         help="run the whole pipeline end to end (default: Shakespeare on this machine)",
-        description="Options are the fields of RunConfig as dotted overrides: --corpus, --out, --val_every, "
-        "--tokenizer.vocab_size, --tokenizer.pattern, --data.val, --train.max_steps, --train.model.n_layer, "
-        "--train.optimizer.lr (any TrainConfig field under --train.), --sample.max_new_tokens, ...",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Corpus -> tokenizer -> shards -> training -> evaluation -> sample, every artefact under --out. "
+        "Rerunning the same command reuses the finished stages and resumes training; other settings into the "
+        "same --out are refused (--force starts over).",
+        epilog="config fields (dotted, --key value or --key=value):\n" + describe_fields(RunConfig(), skip=FIXED_FIELDS),
     )
+    parser.add_argument("--force", action="store_true", help="start over: first clear the run in --out (its own files only)")
     parser.set_defaults(handler=run, accepts_overrides=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    from gptlab.pipeline import RunConfig, run_pipeline
+    from gptlab.pipeline import FIXED_FIELDS, RunConfig, run_pipeline
     from gptlab.runtime.config import apply_overrides
 
-    config = apply_overrides(RunConfig(), args.overrides)
-    run_pipeline(config, color=sys.stdout.isatty())
+    config = apply_overrides(RunConfig(), args.overrides, fixed=FIXED_FIELDS)
+    run_pipeline(config, color=sys.stdout.isatty(), force=args.force)
     return 0

@@ -1,8 +1,9 @@
 """`gptlab sample`: text from a saved model, streamed to stdout as tokens arrive.
 
-The model comes from `--checkpoint DIR` (gptlab.model.io format). The tokenizer
-is `--tokenizer DIR|gpt2`, else `DIR/tokenizer`. Generation stops at the
-tokenizer's end-of-text id. With --num-samples N the samples run one after the
+The model is any folder gptlab makes or reads (gptlab.cli.common): a run
+folder, a checkpoint, a Hugging Face folder. The tokenizer is `--tokenizer`,
+else the one saved with the model. Generation stops at the tokenizer's
+end-of-text id and never draws an id the tokenizer cannot decode. With --num-samples N the samples run one after the
 other, sample k seeded with seed + k, separated by a line of dashes.
 """
 
@@ -11,8 +12,8 @@ from __future__ import annotations
 import argparse
 import codecs
 import sys
-from pathlib import Path
 
+from gptlab.cli.common import DEVICE_HELP, add_model_argument, load_model_from, load_model_tokenizer, pick_device
 from gptlab.runtime import GptlabError
 
 DEFAULT_NEW_TOKENS = 256
@@ -21,9 +22,9 @@ SEPARATOR = "-" * 40
 
 def register(stages) -> None:
     parser = stages.add_parser("sample", help="generate text from a saved model")
-    parser.add_argument("--checkpoint", required=True, metavar="DIR", help="model directory (config.json + model.safetensors)")
+    add_model_argument(parser)
     parser.add_argument("--prompt", required=True, metavar="TEXT", help="text to continue; \"\" starts from the end-of-text token")
-    parser.add_argument("--tokenizer", "-t", metavar="DIR|NAME", help="tokenizer directory or gpt2 / cl100k_base (default: DIR/tokenizer)")
+    parser.add_argument("--tokenizer", "-t", metavar="DIR|NAME", help="tokenizer folder or gpt2 / cl100k_base (default: the model's own)")
     parser.add_argument(
         "--max-new-tokens", type=int, metavar="N",
         help=f"tokens to generate per sample (default: {DEFAULT_NEW_TOKENS}, or fewer to fit the model's context)",
@@ -32,48 +33,18 @@ def register(stages) -> None:
     parser.add_argument("--top-k", type=int, metavar="K", help="sample from the K most likely tokens only")
     parser.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling: the most likely tokens holding probability P")
     parser.add_argument("--seed", type=int, help="seed for reproducible samples (default: random)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps (default cpu)")
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
     parser.add_argument("--num-samples", type=int, default=1, metavar="N", help="samples to draw (default 1)")
     parser.set_defaults(handler=run_sample)
 
 
-def load_tokenizer(args: argparse.Namespace):
-    from gptlab.tokenizer.pretrained import load_any
-
-    if args.tokenizer:
-        return load_any(args.tokenizer)
-    beside = Path(args.checkpoint) / "tokenizer"
-    if not beside.exists():
-        raise GptlabError(f"no tokenizer: {beside} does not exist; pass --tokenizer DIR (or gpt2)")
-    return load_any(str(beside))
-
-
-def check_device(name: str):
-    import torch
-
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise GptlabError(f"unknown device {name!r}; use cpu, cuda, cuda:N or mps") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise GptlabError(f"--device {name}: CUDA is not available on this machine; use --device cpu")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise GptlabError(f"--device {name}: MPS is not available on this machine; use --device cpu")
-    return device
-
-
 def run_sample(args: argparse.Namespace) -> int:
     from gptlab.infer import SamplingConfig, stream
-    from gptlab.model.io import load_model
 
     if args.num_samples < 1:
         raise GptlabError(f"--num-samples must be at least 1, got {args.num_samples}")
-    device = check_device(args.device)
-    model = load_model(args.checkpoint, device=device)
-    tokenizer = load_tokenizer(args)
-    vocab = model.config.vocab_size
-    if tokenizer.vocab_size > vocab:
-        raise GptlabError(f"the tokenizer has {tokenizer.vocab_size} ids but the model only {vocab}: is it the model's tokenizer?")
+    model, path = load_model_from(args.checkpoint, device=pick_device(args.device))
+    tokenizer = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
     eot = tokenizer.eot_id
     ids = tokenizer.encode(args.prompt, allowed_special="all")
     if not ids:
@@ -91,6 +62,7 @@ def run_sample(args: argparse.Namespace) -> int:
         config = SamplingConfig(
             max_new_tokens=new, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             stop_tokens=() if eot is None else (eot,), seed=None if args.seed is None else args.seed + k,
+            vocab_size=tokenizer.vocab_size,
         )
         if k:
             print(SEPARATOR)

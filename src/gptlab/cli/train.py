@@ -1,38 +1,73 @@
-"""`gptlab train`: a preset, then dotted overrides (--model.n_layer 6 --optimizer.lr 1e-3 --data DIR).
+"""`gptlab train`: a preset, then dotted overrides (--data DIR --model.n-layer 6 --optimizer.lr 1e-3).
 
 Under torchrun every rank runs this same command:
-    torchrun --nproc_per_node=8 -m gptlab.cli.main train --preset gpt2-124m-fineweb --data data/edu10B
+    torchrun --nproc_per_node=8 -m gptlab train --preset gpt2-124m-fineweb --data data/edu10B --out runs/gpt2
+
+The model's vocabulary defaults to the data's tokenizer's; with --init-from the
+model's settings come from the weights it starts from.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+
+DEFAULT_PRESET = "shakespeare-cpu"
 
 
 def register(stages) -> None:
+    from gptlab.runtime.config import describe_fields
+    from gptlab.train import train_preset
+
     parser = stages.add_parser(
         "train",
-        help="train a GPT on prepared shards (resumes from OUT/checkpoints)",
-        description="Options: --preset NAME, then any TrainConfig field as a dotted override, e.g. --data DIR "
-        "--out DIR --max_steps 2000 --model.n_layer 6 --optimizer.lr 1e-3 --precision bf16 --compile true.",
+        help="train a GPT on prepared shards (resumes a run in --out)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train a GPT on shards made by `gptlab data prepare`. Rerunning the same command resumes the run "
+        "in --out; other settings into the same --out are refused (--force starts over).",
+        epilog=f"config fields (dotted, --key value or --key=value; defaults of the {DEFAULT_PRESET} preset):\n"
+        + describe_fields(train_preset(DEFAULT_PRESET)),
     )
-    parser.add_argument("--preset", default="shakespeare-cpu", help="shakespeare-cpu (default) or gpt2-124m-fineweb")
-    parser.add_argument("--no-resume", action="store_true", help="start from scratch even if OUT has checkpoints")
+    parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"{DEFAULT_PRESET} (default) or gpt2-124m-fineweb")
+    parser.add_argument("--no-resume", action="store_true", help="start from step 0; refused if --out holds a run (see --force)")
+    parser.add_argument("--force", action="store_true", help="start over: first clear the run in --out (its own files only)")
     parser.set_defaults(handler=run, accepts_overrides=True)
+
+
+def resolve_config(preset: str, overrides: list[str]):
+    """The preset with the overrides, the model's vocabulary taken from the data (or the model from --init-from)."""
+    from gptlab.cli.common import model_path
+    from gptlab.data.shards import read_manifest
+    from gptlab.model.hf import read_pretrained_config
+    from gptlab.runtime import GptlabError
+    from gptlab.runtime.config import apply_overrides, parse_overrides
+    from gptlab.train import train_preset
+
+    base = train_preset(preset)
+    given = dict(parse_overrides(overrides))
+    defaults = {}
+    if given.get("init_from"):
+        init = read_pretrained_config(model_path(given["init_from"]))
+        architecture = sorted(key for key in given if key.startswith("model.") and key != "model.dropout")
+        if architecture:
+            raise GptlabError(f"--init-from {given['init_from']} sets the model; drop {', '.join('--' + k.replace('_', '-') for k in architecture)}")
+        defaults = {f"model.{key}": value for key, value in dataclasses.asdict(init).items() if key != "dropout"}
+    elif given.get("data") and "model.vocab_size" not in given:
+        defaults = {"model.vocab_size": int(read_manifest(given["data"])["tokenizer"]["vocab_size"])}
+    return apply_overrides(base, overrides, defaults=defaults)
 
 
 def run(args: argparse.Namespace) -> int:
     from gptlab.pipeline import hellaswag_fn, text_sampler
-    from gptlab.runtime.config import apply_overrides
     from gptlab.runtime.device import init_runtime, shutdown_runtime
-    from gptlab.train import Trainer, train_preset
+    from gptlab.train import Trainer
 
-    config = apply_overrides(train_preset(args.preset), args.overrides)
+    config = resolve_config(args.preset, args.overrides)
     runtime = init_runtime(config.device)
     try:
         trainer = Trainer(
-            config, runtime=runtime, sample_fn=text_sampler(config.tokenizer, config.sample_tokens),
-            task_fn=hellaswag_fn(config), resume=not args.no_resume,
+            config, runtime=runtime, sample_fn=text_sampler(config.sample_tokens),
+            task_fn=hellaswag_fn(config), resume=not args.no_resume, force=args.force,
         )
         result = trainer.fit()
         if runtime.is_main:

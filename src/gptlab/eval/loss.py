@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from gptlab.data.shards import read_manifest
 from gptlab.runtime import GptlabError
@@ -35,13 +36,14 @@ def load_token_bytes(directory: str | Path, device: torch.device | str = "cpu") 
 
 
 @torch.no_grad()
-def evaluate_loss(model, loader, n_batches: int, token_bytes: torch.Tensor | None = None, autocast=None) -> dict:
-    """Mean loss (nats/token) and bits per byte over `n_batches` batches of `loader`."""
+def evaluate_loss(model, loader, n_batches: int, token_bytes: torch.Tensor | None = None, autocast=None,
+                  progress: bool = False) -> dict:
+    """Mean loss (nats/token) and bits per byte over `n_batches` batches of `loader` (`progress`: a bar with an ETA)."""
     was_training = model.training
     model.eval()
     device = token_bytes.device if token_bytes is not None else torch.device("cpu")
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, tokens, bpb loss sum, bytes
-    for _ in range(n_batches):
+    for _ in tqdm(range(n_batches), desc="eval", unit="batch", disable=None if progress else True):
         x, y = loader.next_batch()
         with autocast or nullcontext():
             logits, _ = model(x)
@@ -62,7 +64,8 @@ def evaluate_loss(model, loader, n_batches: int, token_bytes: torch.Tensor | Non
     return {"loss": loss, "bpb": bpb, "tokens": int(sums[1].item())}
 
 
-def evaluate_split(model, directory: str | Path, split: str = "val", *, batch_size: int, seq_len: int, autocast=None) -> dict:
+def evaluate_split(model, directory: str | Path, split: str = "val", *, batch_size: int, seq_len: int, autocast=None,
+                   progress: bool = False) -> dict:
     """Loss and bits per byte over every full (B, T) window of a split, shard by shard, in order."""
     from gptlab.data.loader import LoaderConfig, ShardLoader
     from gptlab.data.shards import split_shards
@@ -73,4 +76,4 @@ def evaluate_split(model, directory: str | Path, split: str = "val", *, batch_si
     n_batches = sum((tokens - 1) // (batch_size * seq_len) for _, tokens in split_shards(directory, split))
     if n_batches < 1:
         raise GptlabError(f"the {split!r} split of {directory} holds less than one batch of {batch_size} x {seq_len} tokens")
-    return evaluate_loss(model, loader, n_batches, load_token_bytes(directory, device), autocast)
+    return evaluate_loss(model, loader, n_batches, load_token_bytes(directory, device), autocast, progress)

@@ -42,6 +42,7 @@ class SamplingConfig:
     top_p: float | None = None  # nucleus: keep the fewest most likely tokens whose probability reaches p (None: all)
     stop_tokens: tuple[int, ...] = ()  # ids that end a row (e.g. the tokenizer's eot id)
     seed: int | None = None  # seeds the sampling generator; None: a fresh random seed each call
+    vocab_size: int | None = None  # draw only ids below this, e.g. the tokenizer's (None: any id of the model)
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
@@ -63,6 +64,8 @@ class SamplingConfig:
         object.__setattr__(self, "stop_tokens", tuple(int(token) for token in self.stop_tokens))  # a list given is kept hashable
         if self.seed is not None and not _is_int(self.seed):
             raise GptlabError(f"seed must be a whole number or None, got {self.seed!r}")
+        if self.vocab_size is not None and (not _is_int(self.vocab_size) or self.vocab_size < 1):
+            raise GptlabError(f"vocab_size must be a whole number of at least 1 (or None), got {self.vocab_size!r}")
 
 
 def _is_int(value) -> bool:
@@ -75,10 +78,13 @@ def _is_int(value) -> bool:
 def sample_next(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
     """One token per row from logits (B, vocab_size): greedy, or temperature -> top-k -> top-p -> multinomial.
 
-    Works on float32 so that low-precision logits do not tie or overflow in softmax.
+    Works on float32 so that low-precision logits do not tie or overflow in softmax. Ids at or above
+    `config.vocab_size` are never drawn (a model may have more rows than its tokenizer has ids).
     Returns (B,) ids.
     """
     logits = logits.float()
+    if config.vocab_size is not None and config.vocab_size < logits.size(-1):
+        logits = logits[:, : config.vocab_size]  # ids below the cut keep their numbers
     if config.temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits / config.temperature

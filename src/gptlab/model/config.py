@@ -25,17 +25,17 @@ class ModelConfig:
     vocab_size: int = 50257  # ids the tokenizer can produce
     pad_vocab_to: int = 64  # embedding/logit rows are padded to a multiple of this (50257 -> 50304)
     block_size: int = 1024  # context length (T max)
-    n_layer: int = 12
-    n_head: int = 12
+    n_layer: int = 12  # transformer blocks
+    n_head: int = 12  # attention heads per block
     n_kv_head: int | None = None  # grouped-query attention: heads sharing each key/value head (None = n_head)
-    n_embd: int = 768
+    n_embd: int = 768  # width of the residual stream
     mlp_hidden: int | None = None  # None: 4 * n_embd (gpt2), or 8/3 * n_embd rounded up to 64 (llama SwiGLU)
     bias: bool = True  # biases in linear layers and LayerNorm (GPT-2: yes; llama: no)
-    tie_embeddings: bool = True
-    norm_eps: float = 1e-5
+    tie_embeddings: bool = True  # the output layer shares the token embedding table
+    norm_eps: float = 1e-5  # epsilon of LayerNorm / RMSNorm
     rope_theta: float = 10000.0  # llama: rotary base
     qk_norm: bool = False  # llama: RMSNorm on queries and keys per head
-    dropout: float = 0.0
+    dropout: float = 0.0  # on attention weights and residual branches (training only)
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:

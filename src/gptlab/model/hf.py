@@ -374,6 +374,21 @@ def export_hf(model: GPT, directory: str | os.PathLike, *, eos_token_id: int | N
     return directory
 
 
+def read_pretrained_config(directory: str | os.PathLike) -> ModelConfig:
+    """The ModelConfig of a model folder (gptlab's own, or Hugging Face gpt2 / llama / qwen3), without the weights."""
+    from gptlab.model.io import config_from_dict
+
+    data = read_hf_config(directory)
+    if "arch" in data and "model_type" not in data:
+        return config_from_dict(data)
+    model_type = data.get("model_type")
+    if model_type == "gpt2":
+        return gpt2_config_from_hf(data)
+    if model_type in ("llama", "qwen3"):
+        return llama_config_from_hf(data)
+    raise GptlabError(f"{directory} holds a {model_type!r} model; gptlab reads {', '.join(HF_MODEL_TYPES)} and its own format")
+
+
 def load_pretrained_directory(directory: str | os.PathLike, *, device: str | torch.device = "cpu") -> GPT:
     """Any model directory we read: gptlab's own (config has "arch"), or Hugging Face gpt2 / llama / qwen3."""
     data = read_hf_config(directory)
@@ -387,6 +402,17 @@ def load_pretrained_directory(directory: str | os.PathLike, *, device: str | tor
     raise GptlabError(f"{directory} holds a {model_type!r} model; gptlab reads {', '.join(HF_MODEL_TYPES)} and its own format")
 
 
+def pretrained_path(name_or_path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> Path:
+    """The local folder of a model: the directory given, or a hub name's snapshot in the local Hugging Face cache."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    name = str(name_or_path)
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:  # a path, not "name" or "org/name"
+        raise GptlabError(f"no model at {name}: no such folder (pass a model or run folder, or a Hugging Face hub name such as gpt2)")
+    return _cached_snapshot(name, cache_dir)
+
+
 def from_pretrained(
     name_or_path: str | os.PathLike, *, device: str | torch.device = "cpu", cache_dir: str | os.PathLike | None = None
 ) -> GPT:
@@ -394,13 +420,7 @@ def from_pretrained(
 
     Never downloads: a name missing from the cache raises with the command that fetches it.
     """
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        return load_pretrained_directory(path, device=device)
-    name = str(name_or_path)
-    if name.startswith((".", "/", "~")) or name.count("/") > 1:  # a path, not "name" or "org/name"
-        raise GptlabError(f"no directory {name}: pass a model directory or a Hugging Face hub name such as gpt2")
-    return load_pretrained_directory(_cached_snapshot(name, cache_dir), device=device)
+    return load_pretrained_directory(pretrained_path(name_or_path, cache_dir=cache_dir), device=device)
 
 
 def _hub_cache(cache_dir: str | os.PathLike | None) -> str | None:
@@ -428,7 +448,8 @@ def _cached_snapshot(repo_id: str, cache_dir: str | os.PathLike | None) -> Path:
     try:
         snapshot = Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
     except LocalEntryNotFoundError:
-        raise GptlabError(f"{repo_id!r} is not in the local Hugging Face cache ({cache or 'default location'}); {how}") from None
+        raise GptlabError(f"no model at {repo_id}: no such folder here, and no such model in the local Hugging Face cache "
+                          f"({cache or 'default location'}); {how}") from None
     except HFValidationError as error:
         raise GptlabError(f"{repo_id!r} is neither a directory nor a Hugging Face hub name: {error}") from None
     if not (snapshot / CONFIG_NAME).is_file():

@@ -93,17 +93,34 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict:
-    """Every generator a run draws from, as tensors (so it saves without pickling code)."""
-    state = {"torch": torch.get_rng_state()}
+    """Every generator a run draws from (torch CPU and CUDA, numpy, Python's `random`), as tensors,
+    so it saves without pickling code and loads with `torch.load(weights_only=True)`."""
+    kind, keys, position, has_gauss, gauss = np.random.get_state()
+    version, python_state, _ = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+        "numpy_extra": torch.tensor([position, has_gauss], dtype=torch.int64),
+        "numpy_gauss": torch.tensor([gauss], dtype=torch.float64),
+        "python": torch.tensor([version, *python_state], dtype=torch.int64),
+    }
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
+        state["cuda"] = torch.cuda.get_rng_state()  # this process's device
     return state
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore what `rng_state` saved (states saved before numpy and Python were included restore torch only)."""
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+    if "numpy" in state:
+        position, has_gauss = (int(v) for v in state["numpy_extra"])
+        keys = state["numpy"].numpy().astype(np.uint32)
+        np.random.set_state(("MT19937", keys, position, has_gauss, float(state["numpy_gauss"][0])))
+    if "python" in state:
+        values = [int(v) for v in state["python"]]
+        random.setstate((values[0], tuple(values[1:]), None))
 
 
 def init_runtime(device: str = "auto") -> Runtime:

@@ -16,41 +16,49 @@ from gptlab.train.schedule import ScheduleConfig
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    data: str = ""  # a directory made by `gptlab data prepare`
-    out: str = "runs/train"
-    tokenizer: str = ""  # the tokenizer directory of the data, copied into checkpoints (for sampling)
-    model: ModelConfig = field(default_factory=lambda: preset("gpt2-mini"))
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    data: str = ""  # a folder made by `gptlab data prepare`
+    out: str = ""  # the run's folder ("": a new runs/train-DATE-TIME)
+    tokenizer: str = ""  # the data's tokenizer (folder or name), checked against the data and saved in checkpoints
+    init_from: str = ""  # start from these weights: gpt2, a Hugging Face folder, a checkpoint or run folder
+    model: ModelConfig = field(default_factory=lambda: preset("gpt2-mini"))  # the architecture (--model.*)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # AdamW (--optimizer.*)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)  # the learning-rate schedule (--schedule.*)
     batch_tokens: int = 8192  # tokens per optimizer step, all ranks and micro-steps together
     micro_batch: int = 16  # sequences per forward pass on each rank
-    seq_len: int = 256
-    max_steps: int = 1000
-    grad_clip: float = 1.0  # 0: no clipping
+    seq_len: int = 256  # tokens per sequence
+    max_steps: int = 1000  # optimizer steps of the whole run
+    grad_clip: float = 1.0  # clip the gradient norm to this (0: no clipping)
     precision: str = "auto"  # auto | fp32 | bf16 | fp16 (fp16 uses a GradScaler)
-    compile: bool = False
-    device: str = "auto"
-    seed: int = 1337
-    loader_mode: str = "sequential"  # sequential | random
-    eval_every: int = 100  # steps; 0: only at the end
-    eval_batches: int = 20
-    sample_every: int = 0  # steps; 0: only at the end
+    compile: bool = False  # torch.compile the training step
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    seed: int = 1337  # seeds the weights, dropout and random batches
+    loader_mode: str = "sequential"  # sequential (the shards in order) | random (nanoGPT's random windows)
+    eval_every: int = 100  # steps between val evaluations (0: only at the end)
+    eval_batches: int = 20  # val batches per evaluation during training
+    sample_every: int = 0  # steps between printed samples (0: only at the end)
+    sample_tokens: int = 200  # tokens per printed sample
     hellaswag_every: int = 0  # steps between HellaSwag evaluations (0: never); needs a tokenizer
     hellaswag_path: str = ""  # the official validation jsonl (default: the cached download)
     hellaswag_limit: int = 0  # examples per evaluation (0: all 10,042)
-    sample_tokens: int = 200
-    checkpoint_every: int = 500
+    checkpoint_every: int = 500  # steps between checkpoints (one is always saved at the end)
     keep_last: int = 2  # step checkpoints kept (the best by val loss is kept too)
-    log_every: int = 10
+    log_every: int = 10  # steps between metric lines
     mfu_peak: str = "auto"  # peak FLOP/s for MFU: auto (the GPU's datasheet), a100 | h100 | h200 | cpu, or a number
     time_limit: float = 0.0  # seconds of training after which to stop (0: none); for equal-time comparisons
-    tensorboard: bool = False
+    tensorboard: bool = False  # also log to TensorBoard (OUT/tensorboard)
     wandb: str = ""  # a project name turns Weights & Biases on
 
     def __post_init__(self) -> None:
         for name in ("batch_tokens", "micro_batch", "seq_len", "max_steps", "eval_batches", "keep_last", "log_every"):
             if getattr(self, name) < 1:
                 raise GptlabError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("eval_every", "sample_every", "sample_tokens", "hellaswag_every", "hellaswag_limit", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise GptlabError(f"{name} must be 0 or more, got {getattr(self, name)}")
+        if self.loader_mode not in ("sequential", "random"):
+            raise GptlabError(f"unknown loader_mode {self.loader_mode!r}; use sequential or random")
+        if self.time_limit < 0 or self.grad_clip < 0:
+            raise GptlabError(f"time_limit and grad_clip must be 0 or more, got {self.time_limit} and {self.grad_clip}")
         if self.seq_len > self.model.block_size:
             raise GptlabError(f"seq_len {self.seq_len} is longer than the model's block_size {self.model.block_size}")
 
@@ -68,7 +76,6 @@ class TrainConfig:
 def shakespeare_cpu() -> TrainConfig:
     """A few minutes on 2 CPU cores: a small GPT on the built-in corpus with a 4096-token BPE."""
     return TrainConfig(
-        out="runs/shakespeare",
         model=preset("gpt2-mini", vocab_size=4096, n_layer=4, n_head=4, n_embd=192, block_size=128),
         optimizer=OptimizerConfig(lr=2e-3, weight_decay=0.1, betas=(0.9, 0.95)),
         schedule=ScheduleConfig(kind="cosine", warmup_steps=30, min_lr_ratio=0.1),
@@ -88,7 +95,6 @@ def gpt2_124m_fineweb() -> TrainConfig:
     `torchrun --nproc_per_node=8 -m gptlab.cli.main train --preset gpt2-124m-fineweb --data DIR`
     """
     return TrainConfig(
-        out="runs/gpt2-124m",
         model=preset("gpt2"),
         optimizer=OptimizerConfig(lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, impl="fused"),
         schedule=ScheduleConfig(kind="cosine", warmup_steps=715, min_lr_ratio=0.1),

@@ -50,6 +50,14 @@ class MetricsLog:
         if self.wandb is not None:
             self.wandb.log(record, step=step)
 
+    def truncate_after(self, step: int) -> None:
+        """Drop records of steps after `step` (0: all): a resumed run logs them again, so logs never mix two runs."""
+        if not self.enabled or not self.path.is_file():
+            return
+        kept = [record for record in self.records() if record.get("step", 0) <= step] if step else []
+        with atomic_write(self.path) as handle:
+            handle.writelines(json.dumps(record) + "\n" for record in kept)
+
     def records(self) -> list[dict]:
         if not self.path.is_file():
             return []

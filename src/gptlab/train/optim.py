@@ -66,15 +66,17 @@ class AdamW(torch.optim.Optimizer):
 @dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
     lr: float = 6e-4  # the peak; the schedule scales it
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    decay_embeddings: bool = True
+    betas: tuple[float, float] = (0.9, 0.95)  # AdamW's moment decays (beta1, beta2)
+    eps: float = 1e-8  # added to the denominator
+    weight_decay: float = 0.1  # decoupled decay of the matrices
+    decay_embeddings: bool = True  # decay the embedding tables too
     impl: str = "gptlab"  # gptlab (above) | torch | fused (CUDA) | foreach
 
     def __post_init__(self) -> None:
         if self.impl not in IMPLEMENTATIONS:
             raise GptlabError(f"unknown optimizer impl {self.impl!r}; use one of {', '.join(IMPLEMENTATIONS)}")
+        if self.lr < 0 or self.eps < 0 or self.weight_decay < 0 or not all(0 <= beta < 1 for beta in self.betas) or len(self.betas) != 2:
+            raise GptlabError(f"bad optimizer settings: lr={self.lr} betas={self.betas} eps={self.eps} weight_decay={self.weight_decay}")
 
 
 def parameter_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool = True) -> list[dict]:

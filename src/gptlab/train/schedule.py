@@ -1,9 +1,13 @@
 """Learning-rate schedules, as a function of the step: warmup then cosine, constant, warmup-stable-decay.
 
-    cosine:   linear warmup 0 -> max_lr over warmup_steps, then cosine max_lr -> min_lr until total_steps
+    cosine:   linear warmup, then cosine max_lr -> min_lr until total_steps
     constant: linear warmup, then max_lr
     wsd:      linear warmup, max_lr until the last decay_fraction of steps, then linear to min_lr
               (Hu et al., 2024, "MiniCPM")
+
+Warmup is linear and its first step already trains, as in nanoGPT and build-nanogpt: step s < warmup_steps
+(0-based) gets max_lr * (s + 1) / warmup_steps, so with 4 warmup steps the rates are 0.25, 0.5, 0.75, 1.0
+times max_lr; the rate is never 0.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ KINDS = ("cosine", "constant", "wsd")
 
 @dataclass(frozen=True, kw_only=True)
 class ScheduleConfig:
-    kind: str = "cosine"
-    warmup_steps: int = 0
+    kind: str = "cosine"  # cosine | constant | wsd (warmup-stable-decay)
+    warmup_steps: int = 0  # steps of linear warmup
     min_lr_ratio: float = 0.1  # min_lr = max_lr * min_lr_ratio
     decay_fraction: float = 0.2  # wsd: share of total steps spent decaying
 

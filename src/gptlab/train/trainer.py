@@ -14,9 +14,12 @@ against one big batch). The model is built plain, then wrapped (torch.compile,
 then DDP) for the step only; evaluation, sampling and checkpoints use the plain
 module, so compile never gets in their way and checkpoints hold clean keys.
 
-Resume is exact: a checkpoint holds weights, optimizer state, the step, every
-rank's loader position and the RNG states, so N steps straight equal k steps +
-resume + N - k steps, loss for loss.
+The output folder belongs to one run (gptlab.runtime.rundir): the same
+settings resume it, other settings are refused unless `force` starts over.
+Resume is exact: a checkpoint holds weights, optimizer and GradScaler state,
+the step, every rank's loader position and RNG states, so N steps straight
+equal k steps + resume + N - k steps, loss for loss. Metrics logged after the
+checkpoint a run resumes from are dropped, so logs and plots never mix runs.
 
 Not here: the optimizer (gptlab.train.optim), the schedule (gptlab.train.schedule),
 checkpoint files (gptlab.train.checkpoint), val loss (gptlab.eval.loss).
@@ -27,27 +30,45 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import shutil
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from gptlab.data.loader import LoaderConfig, ShardLoader
+from gptlab.data.match import check_tokenizer, find_model_tokenizer, load_matching_tokenizer
 from gptlab.data.shards import read_manifest
 from gptlab.eval.loss import evaluate_loss, load_token_bytes
 from gptlab.model import GPT
 from gptlab.model.accounting import PEAK_FLOPS, flops_per_token, peak_flops
+from gptlab.model.hf import load_pretrained_directory, pretrained_path, read_pretrained_config
 from gptlab.runtime import GptlabError, atomic_write_text
-from gptlab.runtime.device import Runtime, autocast, init_runtime, resolve_precision, rng_state, seed_everything, set_rng_state
-from gptlab.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from gptlab.runtime.device import Runtime, autocast, init_runtime, resolve_precision, rng_state, seed_everything
+from gptlab.runtime.rundir import claim_run_folder
+from gptlab.train.checkpoint import (
+    checkpoint_dir,
+    find_checkpoint,
+    forget_after,
+    list_checkpoints,
+    load_checkpoint,
+    prune,
+    record_best,
+    resume_point,
+    save_checkpoint,
+)
 from gptlab.train.config import TrainConfig
 from gptlab.train.metrics import MetricsLog, console_line, plot_losses
 from gptlab.train.optim import build_optimizer
 from gptlab.train.schedule import learning_rate
+
+# What a run may change and still be the same run: how it is watched and where it runs, not what it computes.
+FREE_FIELDS = ("out", "log_every", "time_limit", "tensorboard", "wandb", "sample_every", "sample_tokens", "device",
+               "compile", "eval_every", "eval_batches", "hellaswag_every", "hellaswag_path", "hellaswag_limit",
+               "checkpoint_every", "keep_last", "mfu_peak")
+RUN_FILES = ("checkpoints", "metrics.jsonl", "loss.png", "train_config.json", "tensorboard", "wandb")
 
 
 @dataclass
@@ -58,8 +79,21 @@ class TrainResult:
     val_bpb: float | None
     checkpoint: Path | None
     seconds: float
-    status: str  # "finished", "time limit", "interrupted"
+    status: str  # "finished", "time limit", "interrupted", "already finished"
     losses: list[float]
+
+
+@dataclass
+class TrainState:
+    """Where the run stands: what a checkpoint saves (with the loader and RNG states) and a resume restores."""
+
+    step: int = 0
+    tokens: int = 0
+    best_val: float | None = None
+    elapsed_before: float = 0.0  # seconds trained by earlier processes of this run
+    finished: bool = False
+    losses: list[float] = field(default_factory=list)  # this process's steps
+    val: dict | None = None  # the latest evaluation
 
 
 class Trainer:
@@ -68,38 +102,88 @@ class Trainer:
         config: TrainConfig,
         *,
         runtime: Runtime | None = None,
-        sample_fn: Callable[[GPT], str] | None = None,
+        sample_fn: Callable[[GPT, object], str] | None = None,
         task_fn: Callable[[GPT], dict[str, float]] | None = None,
         log: Callable[[str], None] = print,
         resume: bool = True,
+        force: bool = False,
     ) -> None:
-        self.config = config
+        """`resume`: continue the run in config.out (False: refuse a folder that holds one). `force`: start over."""
         self.runtime = runtime or init_runtime(config.device)
-        self.sample_fn = sample_fn
+        self.sample_fn = sample_fn  # (model, tokenizer) -> text, e.g. gptlab.pipeline.text_sampler
         self.task_fn = task_fn  # e.g. HellaSwag: built by the caller, who holds the tokenizer
         self.print = log if self.runtime.is_main else (lambda *_: None)
-        self.resume = resume
-        self._check_before_compute()
+        self.resume, self.force = resume, force
+        self.config = self._check_before_compute(config)
 
     # ------------------------------------------------------------ set-up
 
-    def _check_before_compute(self) -> None:
-        """Every mistake we can see before spending compute: data, vocabulary, batch arithmetic."""
-        config = self.config
+    def _check_before_compute(self, config: TrainConfig) -> TrainConfig:
+        """Every mistake we can see before spending compute: data, tokenizer, vocabulary, batch arithmetic."""
         if not config.data:
             raise GptlabError("no training data: pass --data DIR (made by `gptlab data prepare`)")
-        manifest = read_manifest(config.data)
-        vocab = manifest["tokenizer"]["vocab_size"]
+        self.manifest = read_manifest(config.data)
+        if "train" not in self.manifest["splits"]:
+            raise GptlabError(f"{config.data} has no train split")
+        self.tokenizer = load_matching_tokenizer(config.data, config.tokenizer) if config.tokenizer else None
+        if config.init_from:
+            self._check_init(config)
+        vocab = self.manifest["tokenizer"]["vocab_size"]
         if vocab > config.model.vocab_size:
             raise GptlabError(
                 f"the data's tokenizer has {vocab:,} ids but the model's vocabulary has {config.model.vocab_size:,}: "
-                f"set --model.vocab_size {vocab}"
+                f"set --model.vocab-size {vocab}"
             )
-        if "train" not in manifest["splits"]:
-            raise GptlabError(f"{config.data} has no train split")
-        self.manifest = manifest
+        if vocab < config.model.vocab_size:
+            self.print(f"note: the model has {config.model.vocab_size:,} ids, the data's tokenizer {vocab:,}; "
+                       "the extra rows are never trained, and sampling draws only the tokenizer's ids")
         self.accum = config.accumulation_steps(self.runtime.world_size)
         self.precision = resolve_precision(config.precision, self.runtime.device)
+        return self._shorten_warmup(config)
+
+    def _check_init(self, config: TrainConfig) -> None:
+        """--init-from: its architecture is the config's, and its tokenizer (when it has one) the data's."""
+        self.init_path = find_checkpoint(config.init_from) or pretrained_path(config.init_from)
+        init = read_pretrained_config(self.init_path)
+        ours = dataclasses.replace(config.model, dropout=init.dropout)
+        if ours != init:
+            changed = [f"{f.name} {getattr(init, f.name)} != {getattr(ours, f.name)}" for f in dataclasses.fields(init)
+                       if getattr(init, f.name) != getattr(ours, f.name)]
+            raise GptlabError(f"--init-from {config.init_from} is a model with other settings than the config's model "
+                              f"({', '.join(changed)}); leave out the --model options (only --model.dropout may differ)")
+        tokenizer = find_model_tokenizer(self.init_path)
+        if tokenizer is not None:
+            check_tokenizer(config.data, tokenizer, f"the tokenizer of --init-from {config.init_from}")
+            self.tokenizer = self.tokenizer or tokenizer  # checkpoints carry it, samples use it
+
+    def _shorten_warmup(self, config: TrainConfig) -> TrainConfig:
+        warmup = config.schedule.warmup_steps
+        if warmup < config.max_steps:
+            return config
+        shorter = max(1, config.max_steps // 10)
+        self.print(f"note: a warmup of {warmup} steps is not shorter than the run ({config.max_steps} steps); "
+                   f"shortened to {shorter}, a tenth of the run")
+        return dataclasses.replace(config, schedule=dataclasses.replace(config.schedule, warmup_steps=shorter))
+
+    def _claim(self) -> Path:
+        """Rank 0 names the folder (a new one when --out is empty) and claims it; every rank learns where to resume."""
+        config = self.config
+        resume_from = None
+        if self.runtime.is_main:
+            out = Path(config.out) if config.out else _new_run_folder()
+            if not config.out:
+                self.print(f"no --out given: training into {out} (pass --out {out} to resume this run)")
+            folder = claim_run_folder(out, command="train", config=dataclasses.asdict(dataclasses.replace(config, out=str(out))),
+                                      ours=RUN_FILES, free=FREE_FIELDS, force=self.force, fresh=not self.resume)
+            resume_from = resume_point(out, self.print) if folder.status == "resume" else None
+            atomic_write_text(out / "train_config.json", json.dumps(dataclasses.asdict(dataclasses.replace(config, out=str(out))), indent=1) + "\n")
+            shared = [str(out), str(resume_from) if resume_from else None]
+        else:
+            shared = [None, None]
+        if self.runtime.distributed:
+            torch.distributed.broadcast_object_list(shared, src=0)
+        self.config = dataclasses.replace(config, out=shared[0])
+        return Path(shared[1]) if shared[1] else None
 
     def _loader(self, split: str) -> ShardLoader:
         config = self.config
@@ -113,6 +197,25 @@ class Trainer:
             fingerprint=self.manifest["tokenizer"]["fingerprint"],
         )
 
+    def _build(self) -> None:
+        """Model (random or --init-from weights), optimizer, scaler, loaders, metrics: everything the loop touches."""
+        config, device = self.config, self.runtime.device
+        seed_everything(config.seed)
+        if config.init_from:
+            init = load_pretrained_directory(self.init_path, device=device)
+            self.model = GPT(config.model).to(device)
+            self.model.load_state_dict(init.state_dict())
+        else:
+            self.model = GPT(config.model).to(device)
+        self.optimizer = build_optimizer(self.model, config.optimizer, device.type)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "fp16")
+        self.train_loader = self._loader("train")
+        self.val_loader = self._loader("val") if "val" in self.manifest["splits"] else None
+        self.token_bytes = load_token_bytes(config.data, device) if self.val_loader is not None else None
+        self.wrapped = self._wrap(self.model)
+        self.cast = autocast(device, self.precision)
+        self.metrics = MetricsLog(config.out, self.runtime.is_main, config.tensorboard, config.wandb, dataclasses.asdict(config))
+
     def _wrap(self, model: GPT) -> torch.nn.Module:
         """compile, then DDP: the wrapped module is used for the training step only."""
         wrapped: torch.nn.Module = model
@@ -125,222 +228,242 @@ class Trainer:
             wrapped = DistributedDataParallel(wrapped, device_ids=device_ids)
         return wrapped
 
+    def _restore(self, path: Path | None) -> TrainState:
+        """The state to start from: a checkpoint's (loading weights, optimizer, scaler, loader, RNGs), or step 0."""
+        state = TrainState()
+        if path is not None:
+            saved = load_checkpoint(path, self.model, self.optimizer, scaler=self.scaler, device=self.runtime.device,
+                                    rank=self.runtime.rank)
+            self._check_same_run(saved)
+            state = TrainState(step=saved["step"], tokens=saved["tokens"], best_val=saved.get("best_val_loss"),
+                               elapsed_before=saved.get("elapsed", 0.0), finished=saved.get("finished", False))
+            self.train_loader.load_state_dict(saved["loader"][self.runtime.rank])
+            self.print(f"resumed from {path} at step {state.step}")
+        if self.runtime.is_main:
+            self.metrics.truncate_after(state.step)
+            forget_after(self.config.out, state.step)
+        return state
+
     # ------------------------------------------------------------ the loop
 
     def fit(self) -> TrainResult:
-        config, runtime = self.config, self.runtime
-        device = runtime.device
-        out = Path(config.out)
-        seed_everything(config.seed)
-        model = GPT(config.model).to(device)
-        optimizer = build_optimizer(model, config.optimizer, device.type)
-        train_loader = self._loader("train")
-        val_loader = self._loader("val") if "val" in self.manifest["splits"] else None
-        token_bytes = load_token_bytes(config.data, device) if val_loader is not None else None
-        step, tokens_seen, best_val, elapsed_before = 0, 0, None, 0.0
-
-        checkpoints = list_checkpoints(out) if self.resume else []
-        if checkpoints:
-            state, rng = load_checkpoint(checkpoints[-1], model, optimizer, device)
-            self._check_same_run(state)
-            step, tokens_seen, best_val = state["step"], state["tokens"], state.get("best_val_loss")
-            elapsed_before = state.get("elapsed", 0.0)
-            train_loader.load_state_dict(state["loader"][runtime.rank])
-            set_rng_state(rng)
-            self.print(f"resumed from {checkpoints[-1]} at step {step}")
-        elif runtime.is_main:
-            out.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(out / "train_config.json", json.dumps(dataclasses.asdict(config), indent=1) + "\n")
-
-        wrapped = self._wrap(model)
-        cast = autocast(device, self.precision)
-        scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "fp16")
-        metrics = MetricsLog(out, runtime.is_main, config.tensorboard, config.wandb, dataclasses.asdict(config))
-        flops, peak = _flops_per_token(config), _peak(config, device)
-        self.print(
-            f"training {model.num_params():,} parameters on {device} ({self.precision}"
-            f"{', compiled' if config.compile else ''}{f', {runtime.world_size} ranks' if runtime.distributed else ''}): "
-            f"{config.batch_tokens:,} tokens/step = {self.accum} x {config.micro_batch} x {config.seq_len}"
-            f"{f' x {runtime.world_size}' if runtime.distributed else ''}, steps {step}..{config.max_steps}"
-        )
-
-        losses: list[float] = []
-        val_result: dict | None = None
+        resume_from = self._claim()
+        self._build()
+        self.state = self._restore(resume_from)
+        self.start_time = time.perf_counter()
+        if self.state.finished and self.state.step >= self.config.max_steps:
+            self.print(f"{self.config.out} already finished its {self.state.step} steps; nothing to train")
+            self.metrics.close()
+            return self._result("already finished", resume_from)
+        self._announce()
+        self.model.train()
         status = "finished"
-        checkpoint_path = None
-        start_time = time.perf_counter()
-        start_step = step
-
-        def save(current_val: float | None) -> Path:
-            states = self._gather_loader_states(train_loader)
-            trainer_state = {
-                "step": step,
-                "tokens": tokens_seen,
-                "loader": states,
-                "best_val_loss": best_val,
-                "elapsed": elapsed_before + time.perf_counter() - start_time,
-                "data": str(config.data),
-                "tokenizer_fingerprint": self.manifest["tokenizer"]["fingerprint"],
-                "config": dataclasses.asdict(config),
-            }
-            if not runtime.is_main:
-                return None
-            path = save_checkpoint(out, step, model, optimizer, trainer_state, rng_state(), config.keep_last, current_val)
-            self._copy_tokenizer(path)
-            return path
-
-        def evaluate() -> dict | None:
-            nonlocal best_val
-            if val_loader is None:
-                return None
-            val_loader.reset()
-            result = evaluate_loss(model, val_loader, config.eval_batches, token_bytes, cast)
-            best_val = result["loss"] if best_val is None else min(best_val, result["loss"])
-            metrics.log({"step": step, "val_loss": result["loss"], "val_bpb": result["bpb"]})
-            self.print(f"step {step:>6}: val loss {result['loss']:.4f}, val bpb {result['bpb']:.4f} ({result['tokens']:,} tokens)")
-            return result
-
-        model.train()
         try:
-            while step < config.max_steps:
-                step_start = time.perf_counter()
-                lr = learning_rate(step, config.optimizer.lr, config.max_steps, config.schedule)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                loss_sum = torch.zeros((), device=device)
-                for micro in range(self.accum):
-                    x, y = train_loader.next_batch()
-                    last = micro == self.accum - 1
-                    sync = wrapped.no_sync() if runtime.distributed and not last else nullcontext()
-                    with sync:
-                        with cast:
-                            _, loss = wrapped(x, y)
-                        loss = loss / self.accum
-                        loss_sum += loss.detach()
-                        scaler.scale(loss).backward()
-                if runtime.distributed:
-                    torch.distributed.all_reduce(loss_sum, op=torch.distributed.ReduceOp.AVG)
-                loss_value = loss_sum.item()
-                if not math.isfinite(loss_value):
-                    last_good = list_checkpoints(out)
-                    where = f"the last good checkpoint is {last_good[-1]}" if last_good else "no checkpoint was saved yet"
-                    raise GptlabError(f"loss is {loss_value} at step {step}: stopped before updating the weights; {where}")
-                scaler.unscale_(optimizer)
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip if config.grad_clip > 0 else float("inf"))
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                step += 1
-                tokens_seen += config.batch_tokens
-                losses.append(loss_value)
-                seconds = time.perf_counter() - step_start
-                if step % config.log_every == 0 or step == config.max_steps:
-                    rate = config.batch_tokens / seconds
-                    record = {
-                        "step": step, "loss": loss_value, "lr": lr, "grad_norm": float(norm), "tokens": tokens_seen,
-                        "tokens_per_s": rate, "mfu": _mfu(flops, rate, peak), "elapsed": time.perf_counter() - start_time,
-                    }
-                    metrics.log(record)
-                    done = step - start_step
-                    eta = (time.perf_counter() - start_time) / done * (config.max_steps - step) if done else None
-                    self.print(console_line(record, config.max_steps, eta))
-                out_of_time = config.time_limit > 0 and time.perf_counter() - start_time >= config.time_limit
-                if config.eval_every and step % config.eval_every == 0 and step < config.max_steps and not out_of_time:
-                    val_result = evaluate()
-                if self.task_fn and config.hellaswag_every and step % config.hellaswag_every == 0:
-                    self._run_tasks(model, step, metrics)
-                if config.sample_every and step % config.sample_every == 0 and step < config.max_steps:
-                    self._sample(model)
-                if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.max_steps:
-                    checkpoint_path = save(val_result["loss"] if val_result else None)
+            while self.state.step < self.config.max_steps:
+                self._train_step()
+                out_of_time = self._out_of_time()
+                self._periodic(out_of_time)
                 if out_of_time:
                     status = "time limit"
                     break
         except KeyboardInterrupt:
-            status = "interrupted"
-            self.print(f"interrupted at step {step}: saving a checkpoint")
-            checkpoint_path = save(None)
-            metrics.close()
-            return TrainResult(step, losses[-1] if losses else float("nan"), None, None, checkpoint_path, time.perf_counter() - start_time, status, losses)
+            self.print(f"interrupted at step {self.state.step}: saving a checkpoint")
+            checkpoint = self._save(None)
+            self.metrics.close()
+            return self._result("interrupted", checkpoint)
         except torch.OutOfMemoryError:
             raise GptlabError(
-                f"out of GPU memory with micro_batch {config.micro_batch} x seq_len {config.seq_len}: "
-                f"try --micro_batch {max(1, config.micro_batch // 2)} (the step's batch stays the same; accumulation grows)"
+                f"out of GPU memory with micro_batch {self.config.micro_batch} x seq_len {self.config.seq_len}: "
+                f"try --micro-batch {max(1, self.config.micro_batch // 2)} (the step's batch stays the same; accumulation grows)"
             ) from None
+        return self._finish(status)
 
-        val_result = evaluate()
-        checkpoint_path = save(val_result["loss"] if val_result else None)
-        self._sample(model)
-        if runtime.is_main:
-            plot = plot_losses(metrics.records(), out / "loss.png")
+    def _train_step(self) -> None:
+        """One optimizer step (accum micro-steps), then the step's metrics."""
+        config, state, device = self.config, self.state, self.runtime.device
+        step_start = time.perf_counter()
+        lr = learning_rate(state.step, config.optimizer.lr, config.max_steps, config.schedule)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(self.accum):
+            x, y = self.train_loader.next_batch()
+            last = micro == self.accum - 1
+            sync = self.wrapped.no_sync() if self.runtime.distributed and not last else nullcontext()
+            with sync:
+                with self.cast:
+                    _, loss = self.wrapped(x, y)
+                loss = loss / self.accum
+                loss_sum += loss.detach()
+                self.scaler.scale(loss).backward()
+        if self.runtime.distributed:
+            torch.distributed.all_reduce(loss_sum, op=torch.distributed.ReduceOp.AVG)
+        loss_value = loss_sum.item()
+        if not math.isfinite(loss_value):
+            good = list_checkpoints(config.out)
+            where = f"the last good checkpoint is {good[-1]}" if good else "no checkpoint was saved yet"
+            raise GptlabError(f"loss is {loss_value} at step {state.step}: stopped before updating the weights; {where}")
+        self.scaler.unscale_(self.optimizer)
+        clip = config.grad_clip if config.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        state.step += 1
+        state.tokens += config.batch_tokens
+        state.losses.append(loss_value)
+        self._log_step(loss_value, lr, float(norm), time.perf_counter() - step_start)
+
+    def _log_step(self, loss: float, lr: float, norm: float, seconds: float) -> None:
+        config, state = self.config, self.state
+        if state.step % config.log_every and state.step != config.max_steps:
+            return
+        rate = config.batch_tokens / seconds
+        elapsed = time.perf_counter() - self.start_time
+        record = {"step": state.step, "loss": loss, "lr": lr, "grad_norm": norm, "tokens": state.tokens,
+                  "tokens_per_s": rate, "mfu": _mfu(self.flops, rate, self.peak), "elapsed": elapsed}
+        self.metrics.log(record)
+        done = len(state.losses)
+        eta = elapsed / done * (config.max_steps - state.step) if done else None
+        self.print(console_line(record, config.max_steps, eta))
+
+    def _periodic(self, out_of_time: bool) -> None:
+        """Evaluations, samples and checkpoints that fall on this step (not on the last: _finish does those)."""
+        config, step = self.config, self.state.step
+        before_end = step < config.max_steps
+        if config.eval_every and step % config.eval_every == 0 and before_end and not out_of_time:
+            self._evaluate()
+        if self.task_fn and config.hellaswag_every and step % config.hellaswag_every == 0:
+            self._run_tasks()
+        if config.sample_every and step % config.sample_every == 0 and before_end:
+            self._sample()
+        if config.checkpoint_every and step % config.checkpoint_every == 0 and before_end:
+            self._save(self.state.val["loss"] if self.state.val else None)
+
+    def _out_of_time(self) -> bool:
+        """Past --time-limit? Under DDP the ranks agree (any rank over the limit stops all), so none waits forever."""
+        if not self.config.time_limit:
+            return False
+        over = time.perf_counter() - self.start_time >= self.config.time_limit
+        if self.runtime.distributed:
+            flag = torch.tensor([float(over)], device=self.runtime.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            over = bool(flag.item())
+        return over
+
+    def _finish(self, status: str) -> TrainResult:
+        """The last evaluation, checkpoint and sample, and the loss plot."""
+        self._evaluate()
+        self.state.finished = self.state.step >= self.config.max_steps
+        checkpoint = self._save(self.state.val["loss"] if self.state.val else None)
+        self._sample()
+        if self.runtime.is_main:
+            plot = plot_losses(self.metrics.records(), Path(self.config.out) / "loss.png")
             if plot:
                 self.print(f"loss plot -> {plot}")
-        metrics.close()
+        self.metrics.close()
+        return self._result(status, checkpoint)
+
+    def _result(self, status: str, checkpoint: Path | None) -> TrainResult:
+        state = self.state
         return TrainResult(
-            steps=step,
-            final_loss=losses[-1] if losses else float("nan"),
-            val_loss=val_result["loss"] if val_result else None,
-            val_bpb=val_result["bpb"] if val_result else None,
-            checkpoint=checkpoint_path,
-            seconds=time.perf_counter() - start_time,
-            status=status,
-            losses=losses,
+            steps=state.step, final_loss=state.losses[-1] if state.losses else float("nan"),
+            val_loss=state.val["loss"] if state.val else None, val_bpb=state.val["bpb"] if state.val else None,
+            checkpoint=checkpoint, seconds=time.perf_counter() - self.start_time, status=status, losses=state.losses,
         )
 
     # ------------------------------------------------------------ helpers
 
-    def _check_same_run(self, state: dict) -> None:
+    def _announce(self) -> None:
+        config, runtime, model = self.config, self.runtime, self.model
+        self.flops, self.peak = _flops_per_token(config), _peak(config, runtime.device)
+        ranks = f", {runtime.world_size} ranks" if runtime.distributed else ""
+        init = f", from {config.init_from}" if config.init_from and self.state.step == 0 else ""
+        self.print(
+            f"training {model.num_params():,} parameters on {runtime.device} ({self.precision}"
+            f"{', compiled' if config.compile else ''}{ranks}{init}): "
+            f"{config.batch_tokens:,} tokens/step = {self.accum} x {config.micro_batch} x {config.seq_len}"
+            f"{f' x {runtime.world_size}' if runtime.distributed else ''}, steps {self.state.step}..{config.max_steps}"
+        )
+
+    def _evaluate(self) -> None:
+        if self.val_loader is None:
+            return
+        self.val_loader.reset()
+        result = evaluate_loss(self.model, self.val_loader, self.config.eval_batches, self.token_bytes, self.cast)
+        state = self.state
+        state.best_val = result["loss"] if state.best_val is None else min(state.best_val, result["loss"])
+        state.val = result
+        self.metrics.log({"step": state.step, "val_loss": result["loss"], "val_bpb": result["bpb"]})
+        self.print(f"step {state.step:>6}: val loss {result['loss']:.4f}, val bpb {result['bpb']:.4f} ({result['tokens']:,} tokens)")
+
+    def _save(self, val_loss: float | None) -> Path | None:
+        """A checkpoint of this step (rank 0 writes; every rank contributes its loader and RNG state)."""
+        config, state = self.config, self.state
+        trainer_state = {
+            "step": state.step, "tokens": state.tokens, "loader": self._gather(self.train_loader.state_dict()),
+            "best_val_loss": state.best_val, "elapsed": state.elapsed_before + time.perf_counter() - self.start_time,
+            "finished": state.finished, "data": str(config.data), "tokenizer_fingerprint": self.manifest["tokenizer"]["fingerprint"],
+            "config": dataclasses.asdict(config),
+        }
+        rngs = self._gather(rng_state())
+        if not self.runtime.is_main:
+            return None
+        path = checkpoint_dir(config.out) / f"step_{state.step:06d}"
+        attach = (lambda folder: self.tokenizer.save(folder / "tokenizer")) if self.tokenizer is not None else None
+        save_checkpoint(path, self.model, self.optimizer, state=trainer_state, scaler=self.scaler, rng_states=rngs, attach=attach)
+        record_best(config.out, path, val_loss)
+        prune(config.out, config.keep_last, keep=path)
+        return path
+
+    def _check_same_run(self, saved: dict) -> None:
         """Resuming with a different model, batch or data would silently be a different run."""
-        saved = state.get("config", {})
-        current = dataclasses.asdict(self.config)
+        old, current = saved.get("config", {}), dataclasses.asdict(self.config)
         keys = ("model", "batch_tokens", "micro_batch", "seq_len", "loader_mode", "seed")
-        changed = [key for key in keys if saved.get(key) != current.get(key)]
+        changed = [key for key in keys if old.get(key) != current.get(key)]
         if changed:
-            raise GptlabError(
-                f"{self.config.out} holds checkpoints of a run with other settings ({', '.join(changed)}); "
-                "use another --out, or the same settings to resume"
-            )
-        if state.get("tokenizer_fingerprint") != self.manifest["tokenizer"]["fingerprint"]:
-            raise GptlabError("the checkpoint was trained on data from another tokenizer than --data's")
+            raise GptlabError(f"{self.config.out} holds checkpoints of a run with other settings ({', '.join(changed)}); "
+                              "use another --out, or --force to start over")
+        if saved.get("tokenizer_fingerprint") != self.manifest["tokenizer"]["fingerprint"]:
+            raise GptlabError(f"the checkpoints in {self.config.out} were trained on data from another tokenizer than {self.config.data}'s")
 
-    def _gather_loader_states(self, loader: ShardLoader) -> list[dict]:
-        state = loader.state_dict()
+    def _gather(self, value) -> list:
         if not self.runtime.distributed:
-            return [state]
-        states: list = [None] * self.runtime.world_size
-        torch.distributed.all_gather_object(states, state)
-        return states
+            return [value]
+        values: list = [None] * self.runtime.world_size
+        torch.distributed.all_gather_object(values, value)
+        return values
 
-    def _copy_tokenizer(self, checkpoint: Path) -> None:
-        """A checkpoint carries its tokenizer (when given), so `gptlab sample --checkpoint` needs nothing else."""
-        if not self.config.tokenizer:
-            return
-        source = Path(self.config.tokenizer)
-        source = source / "tokenizer.json" if source.is_dir() else source
-        if source.is_file():
-            (checkpoint / "tokenizer").mkdir(exist_ok=True)
-            shutil.copyfile(source, checkpoint / "tokenizer" / "tokenizer.json")
-
-    def _run_tasks(self, model: GPT, step: int, metrics: MetricsLog) -> None:
+    def _run_tasks(self) -> None:
         """Benchmarks on the plain module, every rank taking its share (the task all-reduces its counts)."""
-        was_training = model.training
-        model.eval()
-        scores = self.task_fn(model)
+        was_training = self.model.training
+        self.model.eval()
+        scores = self.task_fn(self.model)
         if was_training:
-            model.train()
-        metrics.log({"step": step, **scores})
-        self.print(f"step {step:>6}: " + ", ".join(f"{key} {value:.4f}" for key, value in scores.items()))
+            self.model.train()
+        self.metrics.log({"step": self.state.step, **scores})
+        self.print(f"step {self.state.step:>6}: " + ", ".join(f"{key} {value:.4f}" for key, value in scores.items()))
 
-    def _sample(self, model: GPT) -> None:
-        if self.sample_fn is None or not self.runtime.is_main:
+    def _sample(self) -> None:
+        if self.sample_fn is None or self.tokenizer is None or not self.runtime.is_main:
             return
-        was_training = model.training
-        model.eval()
-        self.print("sample: " + self.sample_fn(model))
+        was_training = self.model.training
+        self.model.eval()
+        self.print("sample: " + self.sample_fn(self.model, self.tokenizer))
         if was_training:
-            model.train()
+            self.model.train()
+
+
+def _new_run_folder(root: str = "runs") -> Path:
+    """runs/train-20261123-201500 (with -2, -3, ... if that exists): a training run's own folder."""
+    base = Path(root) / time.strftime("train-%Y%m%d-%H%M%S")
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
 
 
 def _flops_per_token(config: TrainConfig) -> float:
@@ -349,7 +472,7 @@ def _flops_per_token(config: TrainConfig) -> float:
 
 
 def _peak(config: TrainConfig, device: torch.device) -> float | None:
-    """The peak FLOP/s for MFU: --mfu_peak (a name or a number), or the GPU's datasheet figure; none on CPU."""
+    """The peak FLOP/s for MFU: --mfu-peak (a name or a number), or the GPU's datasheet figure; none on CPU."""
     if config.mfu_peak != "auto":
         return peak_flops(config.mfu_peak)
     if device.type != "cuda":

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
+from tqdm.auto import tqdm
 
 from gptlab.eval.scoring import count_truncated, score_continuations
 from gptlab.runtime import GptlabError
@@ -94,8 +95,12 @@ class MultipleChoiceTask:
         device: torch.device | str | None = None,
         autocast=None,
         log: Callable[[str], None] | None = None,
+        progress: bool = False,
     ) -> dict:
-        """acc, acc_norm, n (examples), truncated (requests cut to fit the context), examples/s, seconds."""
+        """acc, acc_norm, n (examples), truncated (requests cut to fit the context), examples/s, seconds.
+
+        `progress`: a progress bar with an ETA on stderr (rank 0, when stderr is a terminal).
+        """
         if limit is not None and limit < 1:
             raise GptlabError(f"limit must be at least 1, got {limit}")
         device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -103,10 +108,15 @@ class MultipleChoiceTask:
         start = time.perf_counter()
         counts = torch.zeros(4, dtype=torch.float64)  # examples, right by sum, right by mean, truncated requests
         mine = itertools.islice(self.examples(), rank, limit, world_size)
+        known = [n for n in (limit, self.size()) if n is not None]
+        total = len(range(rank, min(known), world_size)) if known else None
+        bar = tqdm(total=total, desc=self.name, unit="example", disable=None if progress and rank == 0 else True)
         for chunk in _chunks(mine, EXAMPLES_PER_CHUNK):
             counts += self._score_chunk(model, chunk, encode, batch_size, device, autocast)
+            bar.update(len(chunk))
             if log is not None:
                 log(f"{self.name}: {int(counts[0])} examples on this rank, acc_norm so far {counts[2] / counts[0]:.4f}")
+        bar.close()
         if world_size > 1:
             counts = counts.to(device)
             torch.distributed.all_reduce(counts)
@@ -123,6 +133,10 @@ class MultipleChoiceTask:
             "examples_per_second": n / seconds,
             "seconds": seconds,
         }
+
+    def size(self) -> int | None:
+        """How many examples the task has, if known cheaply (for the progress bar's ETA)."""
+        return None
 
     def _score_chunk(self, model, chunk: list[Example], encode, batch_size, device, autocast) -> torch.Tensor:
         encoded = [encode_example(example, encode) for example in chunk]

@@ -43,6 +43,14 @@ class HellaSwag(MultipleChoiceTask):
     def __init__(self, path: str | os.PathLike | None = None) -> None:
         self.path = Path(path) if path is not None else None
 
+    def size(self) -> int | None:
+        """The examples in the file: its non-empty lines (None until the file is there)."""
+        path = self.path if self.path is not None else hellaswag_file()
+        if not path.is_file():
+            return None
+        with open(path, "rb") as lines:
+            return sum(1 for line in lines if line.strip())
+
     def examples(self) -> Iterator[Example]:
         return read_hellaswag(self.path if self.path is not None else hellaswag_file())
 

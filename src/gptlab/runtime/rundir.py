@@ -1,0 +1,125 @@
+"""Run folders: a folder belongs to one run.
+
+A command that makes a run (`gptlab run`, `gptlab train`) claims its output
+folder with `claim_run_folder`, which writes `gptlab_run.json`:
+
+    {"format": "gptlab-run", "version": 1, "command": "train",
+     "config": {...the resolved config...}, "stages": {"tokenizer": {...}, ...}}
+
+Claiming a folder that is new or empty starts a run. A folder with that file,
+made by the same command with the same settings (apart from `free` keys such
+as logging intervals), is resumed. Anything else is refused with one line that
+says what is there and what to pass: other settings (`--force` starts over,
+clearing that run's own files and nothing else), a folder that is not a
+gptlab run (never touched: pass a new or empty `--out`), a file.
+Not here: what a run writes (gptlab.pipeline, gptlab.train).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import shutil
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gptlab.runtime.config import config_changes
+from gptlab.runtime.errors import GptlabError
+from gptlab.runtime.files import atomic_write_text, describe_entries, read_json
+
+MARKER = "gptlab_run.json"
+FORMAT = "gptlab-run"
+VERSION = 1
+
+
+@dataclass
+class RunFolder:
+    path: Path
+    status: str  # "new" or "resume"
+    record: dict
+
+    def stage(self, name: str) -> dict | None:
+        """What a finished stage recorded (None if it has not finished in this run)."""
+        return self.record.get("stages", {}).get(name)
+
+    def finish_stage(self, name: str, info: dict) -> None:
+        self.record.setdefault("stages", {})[name] = info
+        _write(self.path, self.record)
+
+
+def _write(path: Path, record: dict) -> None:
+    atomic_write_text(path / MARKER, json.dumps(record, indent=1) + "\n")
+
+
+def _without(config: dict, free: Iterable[str]) -> dict:
+    """A deep copy of a config dict without the dotted `free` keys."""
+    copy = json.loads(json.dumps(config))
+    for key in free:
+        *parents, name = key.split(".")
+        target = copy
+        for part in parents:
+            target = target.get(part, {}) if isinstance(target, dict) else {}
+        if isinstance(target, dict):
+            target.pop(name, None)
+    return copy
+
+
+def clear_run_files(path: Path, ours: Sequence[str]) -> list[str]:
+    """Delete the entries a run makes (the `ours` glob patterns and the marker), nothing else; return their names."""
+    removed = []
+    for entry in sorted(path.iterdir()):
+        if entry.name == MARKER or any(fnmatch.fnmatch(entry.name, pattern) for pattern in ours):
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            removed.append(entry.name)
+    return removed
+
+
+def read_marker(path: Path) -> dict | None:
+    marker = path / MARKER
+    if not marker.is_file():
+        return None
+    record = read_json(marker)
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise GptlabError(f"{marker} is not a gptlab run record; remove it or pass another --out")
+    if record.get("version") != VERSION:
+        raise GptlabError(f"{marker} is run record version {record.get('version')}; this gptlab reads {VERSION}")
+    return record
+
+
+def claim_run_folder(path: str | os.PathLike, *, command: str, config: dict, ours: Sequence[str],
+                     free: Iterable[str] = (), force: bool = False, fresh: bool = False,
+                     out_flag: str = "--out") -> RunFolder:
+    """Start or resume the run in `path`, or refuse (see the module docstring). `fresh`: never resume."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise GptlabError(f"{out_flag} {path} is a file, not a folder; pass a folder path")
+    record = read_marker(path) if path.is_dir() else None
+    entries = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir()) if path.is_dir() else []
+    new_record = {"format": FORMAT, "version": VERSION, "command": command, "config": config, "stages": {}}
+    if record is None and entries:
+        raise GptlabError(f"{out_flag} {path} is not empty and is not a gptlab run folder (it holds {describe_entries(entries)}); "
+                          f"gptlab never deletes what it did not make: pass a new or empty {out_flag}")
+    if record is not None:
+        held = [name for name in entries if name != MARKER]
+        if force:
+            clear_run_files(path, ours)
+        elif record.get("command") != command:
+            raise GptlabError(f"{out_flag} {path} holds a `gptlab {record.get('command')}` run, not a `gptlab {command}` one; "
+                              f"pass another {out_flag}, or --force to start over (clears that run's files)")
+        else:
+            changes = config_changes(_without(record.get("config", {}), free), _without(config, free))
+            if changes or (fresh and held):
+                why = (f"a run with other settings ({', '.join(changes[:4])}{', ...' if len(changes) > 4 else ''})" if changes
+                       else f"a run ({describe_entries(held)}) that --no-resume would start over")
+                raise GptlabError(f"{out_flag} {path} holds {why}; "
+                                  + ("rerun with the same settings to resume, " if changes else "")
+                                  + f"pass --force to start over (clears that run's files), or another {out_flag}")
+            record["config"] = config  # the settings free to change are the latest ones
+            _write(path, record)
+            return RunFolder(path, "resume", record)
+    path.mkdir(parents=True, exist_ok=True)
+    _write(path, new_record)
+    return RunFolder(path, "new", new_record)
+

@@ -1,0 +1,38 @@
+"""requirements.lock: the suite runs with exactly the versions it pins, and it pins every dependency."""
+
+import re
+from importlib import metadata
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+LOCK = Path(__file__).resolve().parents[1] / "requirements.lock"
+
+
+def locked() -> dict[str, str]:
+    pins = {}
+    for line in LOCK.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def test_every_installed_dependency_has_the_locked_version():
+    pins = locked()
+    wrong = []
+    for distribution in metadata.distributions():
+        name = canonicalize_name(distribution.metadata["Name"])
+        local = re.sub(r"\+.*$", "", distribution.version)  # torch 2.13.0+cpu is the lock's 2.13.0
+        if name in pins and pins[name] != local:
+            wrong.append(f"{name} {distribution.version} (locked {pins[name]})")
+    assert not wrong, "installed versions differ from requirements.lock: " + ", ".join(wrong)
+
+
+def test_the_lock_pins_every_requirement_of_gptlab_and_its_dev_extras():
+    pins = locked()
+    requirements = [Requirement(text) for text in metadata.requires("gptlab") or []]
+    missing = [str(r.name) for r in requirements if canonicalize_name(r.name) not in pins]
+    assert not missing, f"requirements.lock lacks {missing}: run `make lock`"
+    assert "regex" in pins and "torch" in pins

@@ -1,0 +1,116 @@
+"""`gptlab train` as a user runs it: resume, --no-resume, --force, --time-limit, Ctrl-C, defaults, --init-from."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from gptlab.cli.main import main
+from gptlab.train.checkpoint import list_checkpoints
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny(prepared: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "--data", str(prepared / "data"), "--tokenizer", str(prepared / "tokenizer"), "--out", str(out),
+            "--model.n-layer", "2", "--model.n-head", "2", "--model.n-embd", "32", "--model.block-size", "32",
+            "--seq-len", "32", "--micro-batch", "4", "--batch-tokens", "128", "--max-steps", "6", "--precision", "fp32",
+            "--device", "cpu", "--eval-every", "3", "--eval-batches", "2", "--checkpoint-every", "3", "--log-every", "1",
+            "--schedule.warmup-steps", "2", "--sample-tokens", "8", *extra]
+
+
+def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return load_file(checkpoint / "model.safetensors")
+
+
+def losses(out: Path) -> list[float]:
+    return [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+def test_train_command_resumes_the_run_in_out_and_then_has_nothing_left_to_do(prepared, tmp_path, capsys):
+    assert main(tiny(prepared, tmp_path / "straight")) == 0
+    assert main(tiny(prepared, tmp_path / "run", "--max-steps=6")) == 0
+    last = tmp_path / "run" / "checkpoints" / "step_000006"
+    __import__("shutil").rmtree(last)
+    capsys.readouterr()
+    assert main(tiny(prepared, tmp_path / "run")) == 0
+    assert "resumed from" in capsys.readouterr().out
+    assert losses(tmp_path / "run") == losses(tmp_path / "straight")
+    assert main(tiny(prepared, tmp_path / "run")) == 0
+    assert "already finished" in capsys.readouterr().out
+
+
+def test_train_command_no_resume_is_refused_on_a_run_and_force_starts_over(prepared, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(tiny(prepared, out)) == 0
+    capsys.readouterr()
+    assert main(tiny(prepared, out, "--no-resume", "--max-steps", "3")) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "other settings (max_steps 6 -> 3)" in err and "--force" in err
+    assert [p.name for p in list_checkpoints(out)] == ["step_000003", "step_000006"]
+    assert main(tiny(prepared, out, "--no-resume", "--max-steps", "3", "--force")) == 0
+    assert [p.name for p in list_checkpoints(out)] == ["step_000003"] and len(losses(out)) == 3
+
+
+def test_train_command_time_limit_stops_early_and_a_rerun_finishes_the_same_run(prepared, tmp_path, capsys):
+    assert main(tiny(prepared, tmp_path / "straight")) == 0
+    out = tmp_path / "run"
+    assert main(tiny(prepared, out, "--time-limit", "1e-9")) == 0
+    assert "time limit after 1 steps" in capsys.readouterr().out
+    assert [p.name for p in list_checkpoints(out)] == ["step_000001"]
+    assert main(tiny(prepared, out)) == 0  # the time limit may change between runs
+    assert losses(out) == losses(tmp_path / "straight")
+
+
+def test_train_command_ctrl_c_saves_a_checkpoint_exits_130_and_the_run_resumes(prepared, tmp_path):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "gptlab", *tiny(prepared, out, "--max-steps", "100000", "--checkpoint-every", "0")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    metrics = out / "metrics.jsonl"
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling for the run to start, not timing it
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr[-2000:]
+    step = int(stdout.split("interrupted at step ")[1].split(":")[0])
+    assert list_checkpoints(out)[-1].name == f"step_{step:06d}" and "Traceback" not in stderr
+    assert main(tiny(prepared, out, "--max-steps", "100000", "--checkpoint-every", "0", "--time-limit", "1e-9")) == 0
+    assert list_checkpoints(out)[-1].name == f"step_{step + 1:06d}"
+
+
+def test_train_command_takes_the_models_vocabulary_from_the_data(prepared, tmp_path, capsys):
+    """The preset says 4096 ids; the data's tokenizer has 512: the model gets 512 unless told otherwise."""
+    assert main(tiny(prepared, tmp_path / "auto", "--max-steps", "1")) == 0
+    config = json.loads((list_checkpoints(tmp_path / "auto")[-1] / "config.json").read_text())
+    assert config["vocab_size"] == 512
+    assert main(tiny(prepared, tmp_path / "wide", "--max-steps", "1", "--model.vocab-size", "1024")) == 0
+    assert "the model has 1,024 ids, the data's tokenizer 512" in capsys.readouterr().out
+    assert json.loads((list_checkpoints(tmp_path / "wide")[-1] / "config.json").read_text())["vocab_size"] == 1024
+
+
+def test_train_command_init_from_a_run_starts_from_its_weights(prepared, tmp_path, capsys):
+    assert main(tiny(prepared, tmp_path / "base")) == 0
+    base = list_checkpoints(tmp_path / "base")[-1]
+    # lr 0 and no decay: the fine-tuned weights stay the ones it started from
+    args = ["train", "--init-from", str(tmp_path / "base"), "--data", str(prepared / "data"), "--out", str(tmp_path / "tuned"),
+            "--seq-len", "32", "--micro-batch", "4", "--batch-tokens", "128", "--max-steps", "2", "--precision", "fp32",
+            "--device", "cpu", "--optimizer.lr", "0", "--model.dropout", "0.1"]
+    assert main(args) == 0
+    tuned = list_checkpoints(tmp_path / "tuned")[-1]
+    for name, tensor in weights(base).items():
+        assert torch.equal(weights(tuned)[name], tensor), name
+    config = json.loads((tuned / "config.json").read_text())
+    assert config["n_layer"] == 2 and config["dropout"] == 0.1
+    assert (tuned / "tokenizer" / "tokenizer.json").is_file()  # the base run's tokenizer came along
+    capsys.readouterr()
+    assert main([*args[:-2], "--model.n-layer", "3", "--out", str(tmp_path / "other")]) == 1
+    assert "sets the model; drop --model.n-layer" in capsys.readouterr().err
+    assert not (tmp_path / "other").exists()
