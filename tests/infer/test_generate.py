@@ -317,6 +317,11 @@ def test_cli_sample_too_many_new_tokens_names_the_room_left(checkpoint, capsys):
 
 
 def test_cli_sample_default_length_fits_the_context(checkpoint, capsys):
-    directory, _, tokenizer = checkpoint
+    """Without --max-new-tokens the sample fills the context left after the prompt (64 - its tokens), no more."""
+    directory, model, tokenizer = checkpoint
     assert main(["sample", "--checkpoint", str(directory), "--prompt", "hello", "--temperature", "0"]) == 0
-    assert capsys.readouterr().out.startswith("hello")
+    ids = tokenizer.encode("hello")
+    room = model.config.block_size - len(ids)
+    new = generate(model, [ids], SamplingConfig(max_new_tokens=room, temperature=0, stop_tokens=(tokenizer.eot_id,)))[0]
+    assert capsys.readouterr().out == tokenizer.decode(ids + new) + "\n"
+    assert len(new) == room or new[-1:] != [tokenizer.eot_id]

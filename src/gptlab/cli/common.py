@@ -55,7 +55,8 @@ def load_model_from(spec: str, device="cpu"):
 
 
 def load_model_tokenizer(spec: str, path: Path, model, explicit: str | None, *, required: bool = True):
-    """--tokenizer, else the model's own, else GPT-2's for a Hugging Face GPT-2; checked against the model's vocabulary."""
+    """(tokenizer, what to call it): --tokenizer, else the model's own, else GPT-2's for a Hugging Face GPT-2;
+    checked against the model's vocabulary. (None, "") when there is none and none is required."""
     from gptlab.data.match import find_model_tokenizer
     from gptlab.tokenizer.pretrained import load_any
 
@@ -64,15 +65,15 @@ def load_model_tokenizer(spec: str, path: Path, model, explicit: str | None, *, 
     else:
         tokenizer, name = find_model_tokenizer(path), f"the tokenizer saved with {spec}"
         if tokenizer is None and _is_hf_gpt2(path, model):
-            tokenizer, name = load_any("gpt2"), "gpt2"
+            tokenizer, name = load_any("gpt2"), f"gpt2 (the tokenizer of the Hugging Face GPT-2 {spec})"
     if tokenizer is None:
         if required:
             raise GptlabError(f"no tokenizer saved with {spec} ({path}); pass --tokenizer DIR (or gpt2)")
-        return None
+        return None, ""
     if tokenizer.vocab_size > model.config.vocab_size:
         raise GptlabError(f"{name} has {tokenizer.vocab_size:,} ids but the model only {model.config.vocab_size:,}: "
                           "is it the model's tokenizer? pass the right one with --tokenizer")
-    return tokenizer
+    return tokenizer, name
 
 
 def _is_hf_gpt2(path: Path, model) -> bool:

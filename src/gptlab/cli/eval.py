@@ -55,16 +55,17 @@ def check_usage(args: argparse.Namespace) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from gptlab.data.match import check_tokenizer
     from gptlab.runtime.device import autocast, init_runtime, resolve_precision, shutdown_runtime
 
     check_usage(args)
     runtime = init_runtime(args.device)
     try:
         path = model_path(args.checkpoint)
-        tokenizer = load_model_tokenizer(args.checkpoint, path, _config_only(path), args.tokenizer,
-                                         required=bool(args.task or args.harness or args.data))
+        tokenizer, name = load_model_tokenizer(args.checkpoint, path, _config_only(path), args.tokenizer,
+                                               required=bool(args.task or args.harness or args.data))
         if args.data:
-            check_data(args, tokenizer)  # before the weights are even read
+            check_tokenizer(args.data, tokenizer, name)  # before the weights are even read: mismatched ids mean nothing
         model, _ = load_model_from(str(path), device=runtime.device)
         model.eval()
         context = autocast(runtime.device, resolve_precision(args.precision, runtime.device))
@@ -87,14 +88,6 @@ def _config_only(path: Path):
     from gptlab.model.hf import read_pretrained_config
 
     return SimpleNamespace(config=read_pretrained_config(path))
-
-
-def check_data(args: argparse.Namespace, tokenizer) -> None:
-    """The data must come from the model's tokenizer: bits per byte of mismatched ids are meaningless."""
-    from gptlab.data.match import check_tokenizer
-
-    name = args.tokenizer or f"the tokenizer of {args.checkpoint}"
-    check_tokenizer(args.data, tokenizer, name)
 
 
 def evaluate_data(model, args: argparse.Namespace, context, say) -> dict:

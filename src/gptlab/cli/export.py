@@ -44,7 +44,7 @@ def run_export_hf(args: argparse.Namespace) -> int:
     if existing and not args.force:
         raise GptlabError(f"OUT {out} holds an earlier export ({', '.join(sorted(existing))}); pass --force to replace it")
     model, path = load_model_from(args.checkpoint)
-    tokenizer = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
+    tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:  # written beside OUT, then swapped in: OUT is the old export or the new one, never half of each

@@ -44,7 +44,7 @@ def run_sample(args: argparse.Namespace) -> int:
     if args.num_samples < 1:
         raise GptlabError(f"--num-samples must be at least 1, got {args.num_samples}")
     model, path = load_model_from(args.checkpoint, device=pick_device(args.device))
-    tokenizer = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
+    tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
     eot = tokenizer.eot_id
     ids = tokenizer.encode(args.prompt, allowed_special="all")
     if not ids:

@@ -28,8 +28,8 @@ def check_tokenizer(data: str | os.PathLike, tokenizer: Tokenizer, name: str) ->
     if tokenizer.fingerprint() != expected:
         raise GptlabError(
             f"{data} was prepared with another tokenizer (fingerprint {expected}) than {name} "
-            f"(fingerprint {tokenizer.fingerprint()}, {tokenizer.vocab_size:,} ids): pass the tokenizer the data was "
-            f"prepared with, or prepare the data again with `gptlab data prepare ... -t {name}`"
+            f"(fingerprint {tokenizer.fingerprint()}, {tokenizer.vocab_size:,} ids): use data prepared with that "
+            f"tokenizer (`gptlab data prepare SOURCE -t TOKENIZER`), or the tokenizer the data was prepared with"
         )
     return tokenizer
 
