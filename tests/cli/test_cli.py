@@ -115,3 +115,37 @@ def test_cli_console_script_is_installed():
     script = Path(sys.executable).parent / ("gptlab.exe" if os.name == "nt" else "gptlab")
     result = subprocess.run([str(script), "--version"], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.startswith("gptlab ")
+
+
+def test_cli_train_regex_trains_like_the_python_api(tmp_path, corpus):
+    out = tmp_path / "tok"
+    args = ["tokenizer", "train", "--input", str(corpus[0]), "--vocab-size", "290", "--regex", r"\w+|\s+|[^\w\s]+", "--out", str(out)]
+    assert main(args) == 0
+    reference = Tokenizer.train(files=[corpus[0]], vocab_size=290, pattern=r"\w+|\s+|[^\w\s]+", special_tokens=["<|endoftext|>"])
+    assert Tokenizer.load(out).fingerprint() == reference.fingerprint()
+    literal = tmp_path / "literal"
+    assert main(["tokenizer", "train", "--input", str(corpus[0]), "--vocab-size", "290", "--regex", "speak", "--out", str(literal)]) == 0
+    assert Tokenizer.load(literal).pattern == "speak"  # --regex takes even a name-like string as a regex
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--pattern", "gpt9"], "argument --pattern: invalid choice: 'gpt9'"),
+        (["--pattern", "gpt2", "--regex", "a+"], "argument --regex: not allowed with argument --pattern"),
+    ],
+)
+def test_cli_train_pattern_takes_only_names(tmp_path, corpus, options, message):
+    args = ["tokenizer", "train", "--input", str(corpus[0]), "--vocab-size", "290", *options, "--out", str(tmp_path / "new")]
+    result = subprocess.run([sys.executable, "-m", "gptlab.cli.main", *args], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert message in result.stderr and result.stderr.count("\n") == 1
+    assert not (tmp_path / "new").exists()
+
+
+def test_cli_train_bad_regex_fails_before_reading_any_input(tmp_path, capsys):
+    args = ["tokenizer", "train", "--input", str(tmp_path / "missing.txt"), "--vocab-size", "290", "--regex", "(", "--out", str(tmp_path / "new")]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err == "gptlab: error: split regex '(' does not compile: missing ) at position 1\n"
+    assert not (tmp_path / "new").exists()

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from gptlab.runtime import GptlabError, atomic_write_text
 
+PATTERN_NAMES = ["gpt2", "gpt4", "cl100k", "o200k", "none"]  # gptlab.tokenizer.patterns, kept here so --help needs no import
+
 
 def register(stages) -> None:
     parser = stages.add_parser("tokenizer", help="train, use and inspect byte-level BPE tokenizers")
@@ -18,7 +20,9 @@ def register(stages) -> None:
     train.add_argument("--input", nargs="+", default=[], metavar="FILE", help="text files, directories or globs; each file is a document")
     train.add_argument("--corpus", choices=["shakespeare"], help="train on a built-in corpus")
     train.add_argument("--vocab-size", type=int, required=True, help="total ids: 256 bytes + merges + special tokens")
-    train.add_argument("--pattern", default="gpt4", help="split pattern: gpt2, gpt4, o200k, none, or a regex (default gpt4)")
+    split = train.add_mutually_exclusive_group()
+    split.add_argument("--pattern", choices=PATTERN_NAMES, help="split pattern by name (default gpt4; none: no pre-split)")
+    split.add_argument("--regex", metavar="REGEX", help="split with your own regex instead (Python `regex` syntax)")
     train.add_argument("--special", action="append", metavar="TOKEN", help="a special token (repeatable; default <|endoftext|>)")
     train.add_argument("--no-special", action="store_true", help="no special tokens at all")
     train.add_argument("--workers", type=int, default=None, help="pre-tokenization processes (default: all cores)")
@@ -56,9 +60,11 @@ def run_train(args: argparse.Namespace) -> int:
     from gptlab.data.corpus import corpus_files, expand_inputs
     from gptlab.tokenizer import Tokenizer
     from gptlab.tokenizer.formats import FILE_NAME
+    from gptlab.tokenizer.patterns import SplitRegex, resolve_pattern
 
     if not args.input and not args.corpus:
         raise GptlabError("nothing to train on: give --input FILE... or --corpus shakespeare")
+    pattern = resolve_pattern(SplitRegex(args.regex) if args.regex is not None else args.pattern or "gpt4")
     out = Path(args.out)
     if (out / FILE_NAME).exists() and not args.force:
         raise GptlabError(f"{out / FILE_NAME} already exists; pass --force to replace it")
@@ -72,7 +78,7 @@ def run_train(args: argparse.Namespace) -> int:
     tokenizer = Tokenizer.train(
         files=files,
         vocab_size=args.vocab_size,
-        pattern=args.pattern,
+        pattern=pattern,
         special_tokens=specials,
         workers=args.workers,
         progress=sys.stderr.isatty(),

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from gptlab.runtime import GptlabError
 from gptlab.tokenizer import formats, native, parallel
-from gptlab.tokenizer.patterns import compile_pattern, pattern_name, resolve_pattern, split_stable
+from gptlab.tokenizer.patterns import SplitRegex, compile_pattern, pattern_name, resolve_pattern, split_stable
 from gptlab.tokenizer.specials import AllowedSpecial, SpecialMatcher, raise_disallowed, resolve_special_sets
 from gptlab.tokenizer.stream import stream_parts
 from gptlab.tokenizer.train import count_words, fit_merges, merge_pair
@@ -349,7 +349,8 @@ class Tokenizer:
     @classmethod
     def from_parts(cls, parts: formats.TokenizerParts) -> Tokenizer:
         """Build from what a file reader returns (vocab, merges, special tokens, pattern regex)."""
-        return cls(parts.vocab, parts.merges, parts.special_tokens, parts.pattern)
+        pattern = None if parts.pattern is None else SplitRegex(parts.pattern)  # files store regex text, never names
+        return cls(parts.vocab, parts.merges, parts.special_tokens, pattern)
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> Tokenizer:
