@@ -149,3 +149,86 @@ def test_cli_train_bad_regex_fails_before_reading_any_input(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err == "gptlab: error: split regex '(' does not compile: missing ) at position 1\n"
     assert not (tmp_path / "new").exists()
+
+
+def snapshot(root: Path) -> list:
+    """Every path under `root` with its bytes: to prove a refused command left the disk as it was."""
+    return sorted((str(path.relative_to(root)), path.read_bytes() if path.is_file() else None) for path in root.rglob("*"))
+
+
+def test_cli_decode_takes_ids_inline(trained, capsys):
+    from gptlab.tokenizer.pretrained import tiktoken_reference
+
+    assert main(["tokenizer", "decode", "-t", "gpt2", "15496", "11", "995"]) == 0
+    assert capsys.readouterr().out == tiktoken_reference("gpt2").decode([15496, 11, 995]) == "Hello, world"
+    assert main(["tokenizer", "decode", "-t", "gpt2", "15496 11", "995"]) == 0  # one quoted argument holds several
+    assert capsys.readouterr().out == "Hello, world"
+    ids = Tokenizer.load(trained).encode("Speak, speak. 世界")
+    assert main(["tokenizer", "decode", "-t", str(trained), *map(str, ids)]) == 0
+    assert capsys.readouterr().out == "Speak, speak. 世界"
+
+
+def test_cli_decode_reads_files_and_stdin(tmp_path, monkeypatch, capsys):
+    import io
+
+    (tmp_path / "ids.txt").write_text("15496 11\n995\n")
+    assert main(["tokenizer", "decode", "-t", "gpt2", str(tmp_path / "ids.txt")]) == 0
+    assert capsys.readouterr().out == "Hello, world"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("15496 11 995"))
+    assert main(["tokenizer", "decode", "-t", "gpt2"]) == 0
+    assert capsys.readouterr().out == "Hello, world"
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        (["15496", "{ids}"], "decode got ids (15496) and a file name"),
+        (["{words}"], "'x3' is not a token id; ids are whitespace-separated integers"),
+        (["15496", "99999"], "unknown token id 99999"),
+        (["{missing}"], "input file not found"),
+    ],
+)
+def test_cli_decode_bad_ids_give_one_line_and_no_output(tmp_path, capsys, inputs, message):
+    (tmp_path / "ids.txt").write_text("1 2 3")
+    (tmp_path / "words.txt").write_text("1 2 x3")
+    names = {"ids": tmp_path / "ids.txt", "words": tmp_path / "words.txt", "missing": tmp_path / "missing.txt"}
+    before = snapshot(tmp_path)
+    args = ["tokenizer", "decode", "-t", "gpt2", *[arg.format(**names) for arg in inputs], "--out", str(tmp_path / "out.txt")]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("out", "message"),
+    [
+        ("a_file", "--out {root}/a_file is a file, not a folder; pass a folder path"),
+        ("a_file/tok", "{root}/a_file is a file, not a folder"),
+        ("others", "holds things this command did not make (notes.txt)"),
+        ("tok", "tok/tokenizer.json already exists; pass --force"),
+    ],
+)
+def test_cli_train_out_is_checked_before_training(tmp_path, corpus, trained, capsys, out, message):
+    (tmp_path / "a_file").write_text("mine")
+    (tmp_path / "others").mkdir()
+    (tmp_path / "others" / "notes.txt").write_text("mine too")
+    before = snapshot(tmp_path)
+    assert main(["tokenizer", "train", "--input", str(corpus[0]), "--vocab-size", "280", "--out", str(tmp_path / out)]) == 1
+    err = capsys.readouterr().err
+    assert message.format(root=tmp_path) in err and err.count("\n") == 1
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("verb, inputs", [("encode", ["{text}"]), ("decode", ["1", "2"])])
+@pytest.mark.parametrize("out", ["a_folder", "a_file/out.txt"])
+def test_cli_encode_decode_out_must_be_a_file_path(tmp_path, capsys, verb, inputs, out):
+    (tmp_path / "text.txt").write_text("hello")
+    (tmp_path / "a_folder").mkdir()
+    (tmp_path / "a_file").write_text("mine")
+    before = snapshot(tmp_path)
+    args = ["tokenizer", verb, "-t", "gpt2", *[arg.format(text=tmp_path / "text.txt") for arg in inputs], "--out", str(tmp_path / out)]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert ("is a folder; pass a file path" in err or "is a file, not a folder" in err) and err.count("\n") == 1
+    assert snapshot(tmp_path) == before

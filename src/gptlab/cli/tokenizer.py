@@ -1,14 +1,20 @@
-"""`gptlab tokenizer train|encode|decode|show`."""
+"""`gptlab tokenizer train|encode|decode|show`.
+
+decode tells ids from files by their text: arguments that are all whitespace-separated integers
+are ids (`decode -t gpt2 15496 11 995`, or one quoted "15496 11 995"), others are files of ids.
+"""
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
 
-from gptlab.runtime import GptlabError, atomic_write_text
+from gptlab.runtime import GptlabError, atomic_write_text, check_out_dir
 
+INLINE_IDS = re.compile(r"\s*-?\d+(?:\s+-?\d+)*\s*")  # "15496", "15496 11 995": an argument of decode that is ids
 PATTERN_NAMES = ["gpt2", "gpt4", "cl100k", "o200k", "none"]  # gptlab.tokenizer.patterns, kept here so --help needs no import
 
 
@@ -38,9 +44,15 @@ def register(stages) -> None:
     encode.add_argument("--out", metavar="FILE", help="write here (atomically) instead of stdout")
     encode.set_defaults(handler=run_encode)
 
-    decode = verbs.add_parser("decode", help="ids (whitespace-separated, files or stdin) to text")
+    decode = verbs.add_parser(
+        "decode",
+        help="ids (inline, files or stdin) to text",
+        description="Decode token ids to text. Ids are given inline (`decode -t gpt2 15496 11 995`), or read from "
+        "files or stdin (whitespace-separated). Arguments that are all integers are ids, otherwise file names "
+        "(write ./42 for a file named 42).",
+    )
     _add_tokenizer_argument(decode)
-    decode.add_argument("files", nargs="*", metavar="FILE", help="files of ids (default: stdin)")
+    decode.add_argument("inputs", nargs="*", metavar="ID|FILE", help="token ids, or files of ids (default: stdin)")
     decode.add_argument("--out", metavar="FILE", help="write here (atomically) instead of stdout")
     decode.set_defaults(handler=run_decode)
 
@@ -66,7 +78,9 @@ def run_train(args: argparse.Namespace) -> int:
         raise GptlabError("nothing to train on: give --input FILE... or --corpus shakespeare")
     pattern = resolve_pattern(SplitRegex(args.regex) if args.regex is not None else args.pattern or "gpt4")
     out = Path(args.out)
-    if (out / FILE_NAME).exists() and not args.force:
+    _check_parents(out)
+    existing = check_out_dir(out, [FILE_NAME, f".{FILE_NAME}.*.tmp"], flag="--out")
+    if FILE_NAME in existing and not args.force:
         raise GptlabError(f"{out / FILE_NAME} already exists; pass --force to replace it")
     if args.no_special and args.special:
         raise GptlabError("--special and --no-special contradict each other")
@@ -107,6 +121,25 @@ def _read_inputs(files: list[str]) -> list[str]:
     return texts
 
 
+def _check_parents(path: Path, flag: str = "--out") -> None:
+    """Refuse an output path below a file (the folders to create there could not be made)."""
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise GptlabError(f"{flag} {path}: {parent} is a file, not a folder; pass a path in a folder")
+            return
+
+
+def _check_out_file(out: str | None) -> None:
+    """An --out FILE must be a file path, not a folder; checked before any work."""
+    if out is None:
+        return
+    path = Path(out)
+    if path.is_dir():
+        raise GptlabError(f"--out {out} is a folder; pass a file path (e.g. {path / 'out.txt'})")
+    _check_parents(path)
+
+
 def _write_output(text: str, out: str | None) -> None:
     if out:
         atomic_write_text(out, text)
@@ -117,9 +150,10 @@ def _write_output(text: str, out: str | None) -> None:
 def run_encode(args: argparse.Namespace) -> int:
     from gptlab.tokenizer.pretrained import load_any
 
-    tokenizer = load_any(args.tokenizer)
     if args.allow_special and args.special_as_text:
         raise GptlabError("--allow-special and --special-as-text contradict each other")
+    _check_out_file(args.out)
+    tokenizer = load_any(args.tokenizer)
     options = {"allowed_special": "all"} if args.allow_special else {}
     if args.special_as_text:
         options = {"disallowed_special": ()}
@@ -128,17 +162,35 @@ def run_encode(args: argparse.Namespace) -> int:
     return 0
 
 
+def _id_sources(inputs: list[str]) -> list[tuple[str, str]]:
+    """(where, text of ids) to decode: the arguments themselves when they are ids, else the files they name."""
+    inline = [argument for argument in inputs if INLINE_IDS.fullmatch(argument)]
+    if inline and len(inline) == len(inputs):
+        return [("the arguments", " ".join(inputs))]
+    if inline:
+        file_name = next(argument for argument in inputs if not INLINE_IDS.fullmatch(argument))
+        raise GptlabError(
+            f"decode got ids ({inline[0]}) and a file name ({file_name}); give either ids or files (a file named like a number: ./{inline[0]})"
+        )
+    names = inputs or ["stdin"]
+    return list(zip(names, _read_inputs(inputs)))
+
+
+def _parse_ids(text: str, where: str) -> list[int]:
+    words = text.split()
+    bad = next((word for word in words if not re.fullmatch(r"-?\d+", word)), None)
+    if bad is not None:
+        raise GptlabError(f"{where}: {bad[:40]!r} is not a token id; ids are whitespace-separated integers")
+    return [int(word) for word in words]
+
+
 def run_decode(args: argparse.Namespace) -> int:
     from gptlab.tokenizer.pretrained import load_any
 
+    _check_out_file(args.out)
+    sources = _id_sources(args.inputs)
     tokenizer = load_any(args.tokenizer)
-    texts = []
-    for source in _read_inputs(args.files):
-        try:
-            ids = [int(word) for word in source.split()]
-        except ValueError as error:
-            raise GptlabError(f"ids must be whitespace-separated integers: {error}") from None
-        texts.append(tokenizer.decode(ids))
+    texts = [tokenizer.decode(_parse_ids(text, where)) for where, text in sources]
     _write_output("\n".join(texts), args.out)
     return 0
 
