@@ -65,7 +65,13 @@ def register(stages) -> None:
 
 
 def _add_tokenizer_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tokenizer", "-t", required=True, metavar="DIR|NAME", help="a tokenizer directory, or gpt2 / cl100k_base")
+    parser.add_argument(
+        "--tokenizer",
+        "-t",
+        required=True,
+        metavar="DIR|NAME",
+        help="a tokenizer folder or file (gptlab's, or a Hugging Face byte-level BPE one), or gpt2 / cl100k_base",
+    )
 
 
 def run_train(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ This file is the readable reference. When the compiled core is built
 (gptlab.tokenizer.native), the same calls run in C and give the same ids:
 `_encode_piece` and `split` here are what fastbpe.c implements.
 
-Not here: training (gptlab.tokenizer.train), file formats (gptlab.tokenizer.formats).
+Not here: training (gptlab.tokenizer.train), file formats (gptlab.tokenizer.formats, .huggingface).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from gptlab.runtime import GptlabError
-from gptlab.tokenizer import formats, native, parallel
+from gptlab.tokenizer import formats, huggingface, native, parallel
 from gptlab.tokenizer.patterns import SplitRegex, compile_pattern, pattern_name, resolve_pattern, split_stable
 from gptlab.tokenizer.specials import AllowedSpecial, SpecialMatcher, raise_disallowed, resolve_special_sets
 from gptlab.tokenizer.stream import stream_parts
@@ -383,8 +383,17 @@ class Tokenizer:
 
     def to_huggingface(self):
         """A Hugging Face `tokenizers.Tokenizer` giving the same ids (needs the tokenizers package)."""
-        return formats.to_huggingface(self)
+        return huggingface.to_huggingface(self)
 
     def save_huggingface(self, path: str | os.PathLike) -> Path:
-        """Write a Hugging Face `tokenizer.json`."""
-        return formats.save_huggingface(self, path)
+        """Write a Hugging Face `tokenizer.json` (the `tokenizers` file alone)."""
+        return huggingface.save_huggingface(self, path)
+
+    def save_huggingface_dir(self, directory: str | os.PathLike, *, model_max_length: int | None = None) -> Path:
+        """Write a folder that `transformers.AutoTokenizer.from_pretrained` loads with the same ids."""
+        return huggingface.save_huggingface_dir(self, directory, model_max_length=model_max_length)
+
+    @classmethod
+    def from_huggingface(cls, path: str | os.PathLike) -> Tokenizer:
+        """A byte-level BPE Hugging Face tokenizer: a folder (tokenizer.json, or vocab.json + merges.txt) or its tokenizer.json."""
+        return cls.from_parts(huggingface.read_huggingface(path))

