@@ -48,25 +48,38 @@ def test_cli_encode_decode_round_trip_through_files(tmp_path, corpus, trained, c
 
 
 def test_cli_encode_special_tokens_follow_tiktoken_rules(tmp_path, trained, capsys):
+    reference = Tokenizer.load(trained).to_tiktoken()
+    text = "a<|endoftext|>b"
     text_file = tmp_path / "special.txt"
-    text_file.write_text("a<|endoftext|>b", encoding="utf-8")
+    text_file.write_text(text, encoding="utf-8")
     assert main(["tokenizer", "encode", "-t", str(trained), str(text_file)]) == 1
     assert "special token '<|endoftext|>'" in capsys.readouterr().err
     assert main(["tokenizer", "encode", "-t", str(trained), "--allow-special", str(text_file)]) == 0
-    assert "299" in capsys.readouterr().out.split()
+    assert capsys.readouterr().out == " ".join(map(str, reference.encode(text, allowed_special="all"))) + "\n"
+    assert main(["tokenizer", "encode", "-t", str(trained), "--special-as-text", str(text_file)]) == 0
+    assert capsys.readouterr().out == " ".join(map(str, reference.encode(text, disallowed_special=()))) + "\n"
 
 
 def test_cli_show_prints_boundaries_and_stats(trained, capsys):
-    assert main(["tokenizer", "show", "-t", str(trained), "Speak, speak.", "--color", "never"]) == 0
+    assert main(["tokenizer", "show", "-t", str(trained), "Speak, speak.", "--color", "never", "--ids"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    ids = Tokenizer.load(trained).encode("Speak, speak.")
-    assert lines[0].count("|") == len(ids) - 1 and lines[0].replace("|", "") == "Speak, speak."
+    reference = Tokenizer.load(trained).to_tiktoken()
+    ids = reference.encode("Speak, speak.")
+    assert lines[0] == "|".join(reference.decode([i]) for i in ids)
+    assert lines[1] == " ".join(map(str, ids))
     assert lines[-1] == f"-- {len(ids)} tokens, 13 characters, 13 bytes, {13 / len(ids):.2f} bytes/token"
 
 
 def test_cli_show_colours_tokens_when_asked(trained, capsys):
-    assert main(["tokenizer", "show", "-t", str(trained), "Speak", "--color", "always"]) == 0
-    assert "\x1b[" in capsys.readouterr().out
+    """Each token gets its own background colour; without the escape codes the text reads as given."""
+    import re
+
+    assert main(["tokenizer", "show", "-t", str(trained), "Speak, speak.", "--color", "always"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    pieces = re.findall(r"\x1b\[([0-9;]+)m(.*?)\x1b\[0m", first)
+    reference = Tokenizer.load(trained).to_tiktoken()
+    assert [text for _, text in pieces] == [reference.decode([i]) for i in reference.encode("Speak, speak.")]
+    assert all(colour != next_colour for (colour, _), (next_colour, _) in zip(pieces, pieces[1:]))
 
 
 def test_cli_train_refuses_to_overwrite_without_force(tmp_path, corpus, trained, capsys):
