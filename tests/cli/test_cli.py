@@ -198,7 +198,8 @@ def test_cli_decode_reads_files_and_stdin(tmp_path, monkeypatch, capsys):
         (["15496", "{ids}"], "decode got ids (15496) and a file name"),
         (["{words}"], "'x3' is not a token id; ids are whitespace-separated integers"),
         (["15496", "99999"], "unknown token id 99999"),
-        (["{missing}"], "input file not found"),
+        (["{missing}"], "input file not found: {missing} (decode reads arguments that are all integers as ids, others as files"),
+        (["1.5"], "input file not found: 1.5 (decode reads arguments that are all integers as ids"),
     ],
 )
 def test_cli_decode_bad_ids_give_one_line_and_no_output(tmp_path, capsys, inputs, message):
@@ -209,7 +210,7 @@ def test_cli_decode_bad_ids_give_one_line_and_no_output(tmp_path, capsys, inputs
     args = ["tokenizer", "decode", "-t", "gpt2", *[arg.format(**names) for arg in inputs], "--out", str(tmp_path / "out.txt")]
     assert main(args) == 1
     err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1
+    assert message.format(**names) in err and err.count("\n") == 1
     assert snapshot(tmp_path) == before
 
 

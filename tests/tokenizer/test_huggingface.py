@@ -196,6 +196,7 @@ def test_load_any_tells_gptlab_and_huggingface_files_apart_by_content(tmp_path, 
         (lambda root: (root / "empty").mkdir(), "no tokenizer in .*empty: expected tokenizer.json, or vocab.json \\+ merges.txt"),
         (lambda root: (root / "config.json").write_text('{"n_layer": 2}'), "neither gptlab's tokenizer file nor a Hugging Face"),
         (lambda root: (root / "broken.json").write_text('{"model": {'), "truncated or not JSON"),
+        (lambda root: (root / "play.txt").write_text("To be"), "play.txt is not a tokenizer: give a tokenizer.json"),
         (lambda root: None, "no tokenizer at .*gpt9.*gpt2, cl100k_base"),
     ],
 )

@@ -178,8 +178,10 @@ def _id_sources(inputs: list[str]) -> list[tuple[str, str]]:
         raise GptlabError(
             f"decode got ids ({inline[0]}) and a file name ({file_name}); give either ids or files (a file named like a number: ./{inline[0]})"
         )
-    names = inputs or ["stdin"]
-    return list(zip(names, _read_inputs(inputs)))
+    missing = next((name for name in inputs if not Path(name).is_file()), None)
+    if missing is not None:
+        raise GptlabError(f"input file not found: {missing} (decode reads arguments that are all integers as ids, others as files of ids)")
+    return list(zip(inputs or ["stdin"], _read_inputs(inputs)))
 
 
 def _parse_ids(text: str, where: str) -> list[int]:

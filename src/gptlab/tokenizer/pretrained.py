@@ -81,6 +81,8 @@ def read_tokenizer_path(path: Path) -> TokenizerParts:
     file = path / FILE_NAME if path.is_dir() else path
     if not file.is_file():
         return huggingface.read_huggingface(path)  # vocab.json + merges.txt, or an error naming what it looked for
+    if file.suffix != ".json":
+        raise GptlabError(f"{file} is not a tokenizer: give a tokenizer.json (gptlab's or Hugging Face's) or the folder holding it")
     data = read_json(file)
     if is_tokenizer_json(data):
         return parse_tokenizer_json(data, file)
