@@ -13,15 +13,14 @@ from hypothesis import strategies as st
 
 from gptlab.tokenizer import _fasttrain
 from gptlab.tokenizer.patterns import resolve_pattern
-from gptlab.tokenizer.train import count_pieces, learn_merges
+from gptlab.tokenizer.train import count_words, learn_merges
 
 EOT = "<|endoftext|>"
 PROPERTY = settings(max_examples=300, deadline=None)
 
 
 def words_of(documents, pattern):
-    counts = count_pieces(texts=documents, pattern=resolve_pattern(pattern), special_tokens=[EOT], workers=1)
-    return {piece.encode("utf-8"): count for piece, count in counts.items()}
+    return count_words(texts=documents, pattern=resolve_pattern(pattern), special_tokens=[EOT], workers=1)
 
 
 def assert_same(word_counts, n_merges):

@@ -135,12 +135,23 @@ def test_from_tiktoken_file_recovers_cl100k_merges(cl100k_pair, tmp_path):
         Tokenizer.from_tiktoken_file(bad)
 
 
-def test_malformed_gpt2_files_are_clear_errors(tmp_path, gpt2_pair):
+@pytest.mark.parametrize(
+    ("encoder_text", "merges_text", "message"),
+    [
+        ('{"a": 0', "#version: 0.2\na b\n", "malformed GPT-2 tokenizer files"),
+        ('["a", "b"]', "#version: 0.2\n", "must map token strings to ids"),
+        ('{"a": 0, "b": 1}', "#version: 0.2\na b c\n", "line 2: expected two tokens"),
+        ('{"a": 0, "b": 1}', "#version: 0.2\na \u4e16\n", "is not a byte-level token"),
+    ],
+)
+def test_malformed_gpt2_files_are_clear_errors(tmp_path, encoder_text, merges_text, message):
     encoder, merges = tmp_path / "encoder.json", tmp_path / "vocab.bpe"
-    encoder.write_text('{"a": 0')
-    merges.write_text("#version: 0.2\na b\n")
-    with pytest.raises(GptlabError):
+    encoder.write_text(encoder_text, encoding="utf-8")
+    merges.write_text(merges_text, encoding="utf-8")
+    with pytest.raises(GptlabError, match=message):
         Tokenizer.from_gpt2_files(encoder, merges)
+    with pytest.raises(GptlabError, match="GPT-2 tokenizer file not found"):
+        Tokenizer.from_gpt2_files(encoder, tmp_path / "missing.bpe")
 
 
 def test_to_tiktoken_gives_the_same_ids(trained, shakespeare_documents):
@@ -174,3 +185,23 @@ def test_pretrained_exports_round_trip_through_tiktoken_and_huggingface(pair, sh
     text = shakespeare_documents[0][:50_000] + SAMPLES["multilingual"] + SAMPLES["whitespace"] + SAMPLES["numbers"]
     assert ours.to_huggingface().encode(text).ids == theirs.encode(text)
     assert ours.to_tiktoken().encode(text) == theirs.encode(text)
+    special = f"a{EOT}b{EOT}"  # cl100k leaves id 100256 unused: the export must keep <|endoftext|> at 100257
+    assert ours.to_huggingface().encode(special).ids == theirs.encode(special, allowed_special="all")
+
+
+def test_formats_module_never_imports_the_tokenizer_core():
+    """Readers return parts and core builds the Tokenizer: no import of core, not even inside a function."""
+    import ast
+    from pathlib import Path
+
+    import gptlab.tokenizer.formats as formats_module
+
+    tree = ast.parse(Path(formats_module.__file__).read_text(encoding="utf-8"))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.update(f"{node.module}.{alias.name}" for alias in node.names)
+    assert "gptlab.runtime.GptlabError" in imported  # the walk sees imports at all
+    assert not [name for name in imported if name.startswith(("gptlab.tokenizer.core", "gptlab.tokenizer.Tokenizer"))]

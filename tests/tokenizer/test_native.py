@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from gptlab.tokenizer import Tokenizer, native
 from gptlab.tokenizer.native import pure_python
 from gptlab.tokenizer.patterns import compile_pattern, resolve_pattern, split
-from gptlab.tokenizer.train import count_pieces, count_words
+from gptlab.tokenizer.train import count_words
 
 from .conftest import SAMPLES
 
@@ -294,10 +294,8 @@ def test_piece_counts_equal_the_reference(shakespeare_documents, tmp_path, patte
     path.write_text(EOT.join(shakespeare_documents[4:7]), encoding="utf-8")
     arguments = dict(texts=documents, files=[path], pattern=resolve_pattern(pattern), special_tokens=[EOT], workers=workers)
     with pure_python():
-        expected = count_pieces(**arguments)
-        expected_words = count_words(**arguments)
-    assert count_pieces(**arguments) == expected
-    assert count_words(**arguments) == expected_words
+        expected = count_words(**arguments)
+    assert count_words(**arguments) == expected
 
 
 def test_piece_counter_streams_and_merges_like_one_pass(shakespeare_documents):

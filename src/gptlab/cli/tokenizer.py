@@ -1,13 +1,21 @@
-"""`gptlab tokenizer train|encode|decode|show`."""
+"""`gptlab tokenizer train|encode|decode|show`.
+
+decode tells ids from files by their text: arguments that are all whitespace-separated integers
+are ids (`decode -t gpt2 15496 11 995`, or one quoted "15496 11 995"), others are files of ids.
+"""
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
 
-from gptlab.runtime import GptlabError, atomic_write_text
+from gptlab.runtime import GptlabError, atomic_write_text, check_out_dir
+
+INLINE_IDS = re.compile(r"\s*-?\d+(?:\s+-?\d+)*\s*")  # "15496", "15496 11 995": an argument of decode that is ids
+PATTERN_NAMES = ["gpt2", "gpt4", "cl100k", "o200k", "none"]  # gptlab.tokenizer.patterns, kept here so --help needs no import
 
 
 def register(stages) -> None:
@@ -18,7 +26,9 @@ def register(stages) -> None:
     train.add_argument("--input", nargs="+", default=[], metavar="FILE", help="text files, directories or globs; each file is a document")
     train.add_argument("--corpus", choices=["shakespeare"], help="train on a built-in corpus")
     train.add_argument("--vocab-size", type=int, required=True, help="total ids: 256 bytes + merges + special tokens")
-    train.add_argument("--pattern", default="gpt4", help="split pattern: gpt2, gpt4, o200k, none, or a regex (default gpt4)")
+    split = train.add_mutually_exclusive_group()
+    split.add_argument("--pattern", choices=PATTERN_NAMES, help="split pattern by name (default gpt4; none: no pre-split)")
+    split.add_argument("--regex", metavar="REGEX", help="split with your own regex instead (Python `regex` syntax)")
     train.add_argument("--special", action="append", metavar="TOKEN", help="a special token (repeatable; default <|endoftext|>)")
     train.add_argument("--no-special", action="store_true", help="no special tokens at all")
     train.add_argument("--workers", type=int, default=None, help="pre-tokenization processes (default: all cores)")
@@ -34,9 +44,15 @@ def register(stages) -> None:
     encode.add_argument("--out", metavar="FILE", help="write here (atomically) instead of stdout")
     encode.set_defaults(handler=run_encode)
 
-    decode = verbs.add_parser("decode", help="ids (whitespace-separated, files or stdin) to text")
+    decode = verbs.add_parser(
+        "decode",
+        help="ids (inline, files or stdin) to text",
+        description="Decode token ids to text. Ids are given inline (`decode -t gpt2 15496 11 995`), or read from "
+        "files or stdin (whitespace-separated). Arguments that are all integers are ids, otherwise file names "
+        "(write ./42 for a file named 42).",
+    )
     _add_tokenizer_argument(decode)
-    decode.add_argument("files", nargs="*", metavar="FILE", help="files of ids (default: stdin)")
+    decode.add_argument("inputs", nargs="*", metavar="ID|FILE", help="token ids, or files of ids (default: stdin)")
     decode.add_argument("--out", metavar="FILE", help="write here (atomically) instead of stdout")
     decode.set_defaults(handler=run_decode)
 
@@ -49,18 +65,28 @@ def register(stages) -> None:
 
 
 def _add_tokenizer_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tokenizer", "-t", required=True, metavar="DIR|NAME", help="a tokenizer directory, or gpt2 / cl100k_base")
+    parser.add_argument(
+        "--tokenizer",
+        "-t",
+        required=True,
+        metavar="DIR|NAME",
+        help="a tokenizer folder or file (gptlab's, or a Hugging Face byte-level BPE one), or gpt2 / cl100k_base",
+    )
 
 
 def run_train(args: argparse.Namespace) -> int:
     from gptlab.data.corpus import corpus_files, expand_inputs
     from gptlab.tokenizer import Tokenizer
     from gptlab.tokenizer.formats import FILE_NAME
+    from gptlab.tokenizer.patterns import SplitRegex, resolve_pattern
 
     if not args.input and not args.corpus:
         raise GptlabError("nothing to train on: give --input FILE... or --corpus shakespeare")
+    pattern = resolve_pattern(SplitRegex(args.regex) if args.regex is not None else args.pattern or "gpt4")
     out = Path(args.out)
-    if (out / FILE_NAME).exists() and not args.force:
+    _check_parents(out)
+    existing = check_out_dir(out, [FILE_NAME, f".{FILE_NAME}.*.tmp"], flag="--out")
+    if FILE_NAME in existing and not args.force:
         raise GptlabError(f"{out / FILE_NAME} already exists; pass --force to replace it")
     if args.no_special and args.special:
         raise GptlabError("--special and --no-special contradict each other")
@@ -72,7 +98,7 @@ def run_train(args: argparse.Namespace) -> int:
     tokenizer = Tokenizer.train(
         files=files,
         vocab_size=args.vocab_size,
-        pattern=args.pattern,
+        pattern=pattern,
         special_tokens=specials,
         workers=args.workers,
         progress=sys.stderr.isatty(),
@@ -101,6 +127,25 @@ def _read_inputs(files: list[str]) -> list[str]:
     return texts
 
 
+def _check_parents(path: Path, flag: str = "--out") -> None:
+    """Refuse an output path below a file (the folders to create there could not be made)."""
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise GptlabError(f"{flag} {path}: {parent} is a file, not a folder; pass a path in a folder")
+            return
+
+
+def _check_out_file(out: str | None) -> None:
+    """An --out FILE must be a file path, not a folder; checked before any work."""
+    if out is None:
+        return
+    path = Path(out)
+    if path.is_dir():
+        raise GptlabError(f"--out {out} is a folder; pass a file path (e.g. {path / 'out.txt'})")
+    _check_parents(path)
+
+
 def _write_output(text: str, out: str | None) -> None:
     if out:
         atomic_write_text(out, text)
@@ -111,9 +156,10 @@ def _write_output(text: str, out: str | None) -> None:
 def run_encode(args: argparse.Namespace) -> int:
     from gptlab.tokenizer.pretrained import load_any
 
-    tokenizer = load_any(args.tokenizer)
     if args.allow_special and args.special_as_text:
         raise GptlabError("--allow-special and --special-as-text contradict each other")
+    _check_out_file(args.out)
+    tokenizer = load_any(args.tokenizer)
     options = {"allowed_special": "all"} if args.allow_special else {}
     if args.special_as_text:
         options = {"disallowed_special": ()}
@@ -122,17 +168,37 @@ def run_encode(args: argparse.Namespace) -> int:
     return 0
 
 
+def _id_sources(inputs: list[str]) -> list[tuple[str, str]]:
+    """(where, text of ids) to decode: the arguments themselves when they are ids, else the files they name."""
+    inline = [argument for argument in inputs if INLINE_IDS.fullmatch(argument)]
+    if inline and len(inline) == len(inputs):
+        return [("the arguments", " ".join(inputs))]
+    if inline:
+        file_name = next(argument for argument in inputs if not INLINE_IDS.fullmatch(argument))
+        raise GptlabError(
+            f"decode got ids ({inline[0]}) and a file name ({file_name}); give either ids or files (a file named like a number: ./{inline[0]})"
+        )
+    missing = next((name for name in inputs if not Path(name).is_file()), None)
+    if missing is not None:
+        raise GptlabError(f"input file not found: {missing} (decode reads arguments that are all integers as ids, others as files of ids)")
+    return list(zip(inputs or ["stdin"], _read_inputs(inputs)))
+
+
+def _parse_ids(text: str, where: str) -> list[int]:
+    words = text.split()
+    bad = next((word for word in words if not re.fullmatch(r"-?\d+", word)), None)
+    if bad is not None:
+        raise GptlabError(f"{where}: {bad[:40]!r} is not a token id; ids are whitespace-separated integers")
+    return [int(word) for word in words]
+
+
 def run_decode(args: argparse.Namespace) -> int:
     from gptlab.tokenizer.pretrained import load_any
 
+    _check_out_file(args.out)
+    sources = _id_sources(args.inputs)
     tokenizer = load_any(args.tokenizer)
-    texts = []
-    for source in _read_inputs(args.files):
-        try:
-            ids = [int(word) for word in source.split()]
-        except ValueError as error:
-            raise GptlabError(f"ids must be whitespace-separated integers: {error}") from None
-        texts.append(tokenizer.decode(ids))
+    texts = [tokenizer.decode(_parse_ids(text, where)) for where, text in sources]
     _write_output("\n".join(texts), args.out)
     return 0
 

@@ -10,14 +10,7 @@ and an optional compiled core (native.py, _native/) that gives the same ids and 
 """
 
 from gptlab.tokenizer.core import Tokenizer
-from gptlab.tokenizer.patterns import GPT2_PATTERN, GPT4_PATTERN, O200K_PATTERN, PATTERNS
+from gptlab.tokenizer.patterns import GPT2_PATTERN, GPT4_PATTERN, O200K_PATTERN, PATTERNS, SplitRegex
+from gptlab.tokenizer.pretrained import CL100K_SPECIAL_TOKENS
 
-CL100K_SPECIAL_TOKENS = {
-    "<|endoftext|>": 100257,
-    "<|fim_prefix|>": 100258,
-    "<|fim_middle|>": 100259,
-    "<|fim_suffix|>": 100260,
-    "<|endofprompt|>": 100276,
-}
-
-__all__ = ["CL100K_SPECIAL_TOKENS", "GPT2_PATTERN", "GPT4_PATTERN", "O200K_PATTERN", "PATTERNS", "Tokenizer"]
+__all__ = ["CL100K_SPECIAL_TOKENS", "GPT2_PATTERN", "GPT4_PATTERN", "O200K_PATTERN", "PATTERNS", "SplitRegex", "Tokenizer"]

@@ -15,7 +15,7 @@ This file is the readable reference. When the compiled core is built
 (gptlab.tokenizer.native), the same calls run in C and give the same ids:
 `_encode_piece` and `split` here are what fastbpe.c implements.
 
-Not here: training (gptlab.tokenizer.train), file formats (gptlab.tokenizer.formats).
+Not here: training (gptlab.tokenizer.train), file formats (gptlab.tokenizer.formats, .huggingface).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from gptlab.runtime import GptlabError
-from gptlab.tokenizer import native
-from gptlab.tokenizer.patterns import compile_pattern, pattern_name, resolve_pattern, split_stable
+from gptlab.tokenizer import formats, huggingface, native, parallel
+from gptlab.tokenizer.patterns import SplitRegex, compile_pattern, pattern_name, resolve_pattern, split_stable
 from gptlab.tokenizer.specials import AllowedSpecial, SpecialMatcher, raise_disallowed, resolve_special_sets
 from gptlab.tokenizer.stream import stream_parts
 from gptlab.tokenizer.train import count_words, fit_merges, merge_pair
@@ -262,9 +262,7 @@ class Tokenizer:
         disallowed_special: AllowedSpecial = "all",
     ) -> list[list[int]]:
         """Encode many texts, over all cores when the batch is large enough to pay for it."""
-        from gptlab.tokenizer.parallel import encode_batch
-
-        return encode_batch(
+        return parallel.encode_batch(
             self, texts, workers=workers, allowed_special=allowed_special, disallowed_special=disallowed_special
         )
 
@@ -345,24 +343,26 @@ class Tokenizer:
         return cls(vocab, merges, list(special_tokens), regex_text)
 
     def save(self, directory: str | os.PathLike) -> Path:
-        from gptlab.tokenizer.formats import save_tokenizer
+        """Write gptlab's `DIR/tokenizer.json` (see gptlab.tokenizer.formats)."""
+        return formats.save_tokenizer(self, directory)
 
-        return save_tokenizer(self, directory)
+    @classmethod
+    def from_parts(cls, parts: formats.TokenizerParts) -> Tokenizer:
+        """Build from what a file reader returns (vocab, merges, special tokens, pattern regex)."""
+        pattern = None if parts.pattern is None else SplitRegex(parts.pattern)  # files store regex text, never names
+        return cls(parts.vocab, parts.merges, parts.special_tokens, pattern)
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> Tokenizer:
-        from gptlab.tokenizer.formats import load_tokenizer
-
-        return load_tokenizer(directory)
+        """gptlab's own format: a directory holding `tokenizer.json`, or the file itself."""
+        return cls.from_parts(formats.read_tokenizer_file(directory))
 
     @classmethod
     def from_gpt2_files(
         cls, encoder_json: str | os.PathLike, vocab_bpe: str | os.PathLike, pattern: str | None = "gpt2"
     ) -> Tokenizer:
         """GPT-2's `encoder.json` + `vocab.bpe` (ids identical to tiktoken's "gpt2")."""
-        from gptlab.tokenizer.formats import read_gpt2_files
-
-        vocab, merges, special_tokens = read_gpt2_files(encoder_json, vocab_bpe)
+        vocab, merges, special_tokens = formats.read_gpt2_files(encoder_json, vocab_bpe)
         return cls(vocab, merges, special_tokens, pattern)
 
     @classmethod
@@ -374,25 +374,26 @@ class Tokenizer:
         special_tokens: Mapping[str, int] | None = None,
     ) -> Tokenizer:
         """A tiktoken rank file (e.g. `cl100k_base.tiktoken`); merges are recovered from the ranks."""
-        from gptlab.tokenizer.formats import read_tiktoken_file
-
-        vocab, merges = read_tiktoken_file(path)
+        vocab, merges = formats.read_tiktoken_file(path)
         return cls(vocab, merges, special_tokens or {}, pattern)
 
     def to_tiktoken(self, name: str = "gptlab"):
         """A `tiktoken.Encoding` giving the same ids (needs the tiktoken package)."""
-        from gptlab.tokenizer.formats import to_tiktoken
-
-        return to_tiktoken(self, name)
+        return formats.to_tiktoken(self, name)
 
     def to_huggingface(self):
         """A Hugging Face `tokenizers.Tokenizer` giving the same ids (needs the tokenizers package)."""
-        from gptlab.tokenizer.formats import to_huggingface
-
-        return to_huggingface(self)
+        return huggingface.to_huggingface(self)
 
     def save_huggingface(self, path: str | os.PathLike) -> Path:
-        """Write a Hugging Face `tokenizer.json`."""
-        from gptlab.tokenizer.formats import save_huggingface
+        """Write a Hugging Face `tokenizer.json` (the `tokenizers` file alone)."""
+        return huggingface.save_huggingface(self, path)
 
-        return save_huggingface(self, path)
+    def save_huggingface_dir(self, directory: str | os.PathLike, *, model_max_length: int | None = None) -> Path:
+        """Write a folder that `transformers.AutoTokenizer.from_pretrained` loads with the same ids."""
+        return huggingface.save_huggingface_dir(self, directory, model_max_length=model_max_length)
+
+    @classmethod
+    def from_huggingface(cls, path: str | os.PathLike) -> Tokenizer:
+        """A byte-level BPE Hugging Face tokenizer: a folder (tokenizer.json, or vocab.json + merges.txt) or its tokenizer.json."""
+        return cls.from_parts(huggingface.read_huggingface(path))

