@@ -302,44 +302,54 @@ def learn_merges(
             token_keys.append(_heap_key(token_bytes[new]))
             merges.append((token_bytes[left], token_bytes[right]))
 
-            # Rewrite only the words holding the pair; collect the net change in pair counts.
-            delta: dict[tuple[int, int], int] = defaultdict(int)
-            for index in pair_words.pop(pair):
-                word = words[index]
-                merged = merge_pair(word, left, right, new)
-                if len(merged) == len(word):  # the index is lazy: this word lost the pair earlier
-                    continue
-                count = counts[index]
-                if len(word) < LONG_WORD:
-                    for old_pair in zip(word, word[1:]):
-                        delta[old_pair] -= count
-                    for new_pair in zip(merged, merged[1:]):
-                        delta[new_pair] += count
-                        pair_words[new_pair].add(index)
-                else:  # e.g. a whole document when there is no pre-split: count distinct pairs (in C)
-                    before, after = Counter(zip(word, word[1:])), Counter(zip(merged, merged[1:]))
-                    for changed in before.keys() | after.keys():
-                        difference = after[changed] - before[changed]
-                        if difference:
-                            delta[changed] += difference * count
-                            if difference > 0:
-                                pair_words[changed].add(index)
-                words[index] = merged
-
-            for changed, change in delta.items():
-                if change == 0:
-                    continue
-                total = pair_counts[changed] + change
-                if total > 0:
-                    pair_counts[changed] = total
-                else:
-                    del pair_counts[changed]
-                if change > 0:  # counts of existing pairs only fall; a rise means a pair with the new token
-                    a, b = changed
-                    heapq.heappush(heap, (-total, token_keys[a], token_keys[b], a, b))
+            delta = _rewrite_words(words, counts, pair_words, pair, new)
+            _apply_delta(delta, pair_counts, heap, token_keys)
             pair_counts.pop(pair, None)
             bar.update(1)
     return merges
+
+
+def _rewrite_words(words, counts, pair_words, pair: tuple[int, int], new: int) -> dict[tuple[int, int], int]:
+    """Merge `pair` into `new` in the words holding it (only those); return the net change in pair counts."""
+    left, right = pair
+    delta: dict[tuple[int, int], int] = defaultdict(int)
+    for index in pair_words.pop(pair):
+        word = words[index]
+        merged = merge_pair(word, left, right, new)
+        if len(merged) == len(word):  # the index is lazy: this word lost the pair earlier
+            continue
+        count = counts[index]
+        if len(word) < LONG_WORD:
+            for old_pair in zip(word, word[1:]):
+                delta[old_pair] -= count
+            for new_pair in zip(merged, merged[1:]):
+                delta[new_pair] += count
+                pair_words[new_pair].add(index)
+        else:  # e.g. a whole document when there is no pre-split: count distinct pairs (in C)
+            before, after = Counter(zip(word, word[1:])), Counter(zip(merged, merged[1:]))
+            for changed in before.keys() | after.keys():
+                difference = after[changed] - before[changed]
+                if difference:
+                    delta[changed] += difference * count
+                    if difference > 0:
+                        pair_words[changed].add(index)
+        words[index] = merged
+    return delta
+
+
+def _apply_delta(delta: dict[tuple[int, int], int], pair_counts: dict, heap: list, token_keys: list) -> None:
+    """Update the pair counts; push pairs whose count rose (only pairs with the new token can rise)."""
+    for changed, change in delta.items():
+        if change == 0:
+            continue
+        total = pair_counts[changed] + change
+        if total > 0:
+            pair_counts[changed] = total
+        else:
+            del pair_counts[changed]
+        if change > 0:
+            a, b = changed
+            heapq.heappush(heap, (-total, token_keys[a], token_keys[b], a, b))
 
 
 def fit_merges(word_counts: dict[bytes, int], n_merges: int, progress: bool = False) -> list[tuple[bytes, bytes]]:
