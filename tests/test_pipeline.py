@@ -1,26 +1,48 @@
 """`gptlab run`, the main job, end to end on the built-in corpus (small sizes to stay fast)."""
 
 import json
+from pathlib import Path
+
+import pytest
 
 from gptlab.cli.main import main
 from gptlab.data.corpus import shakespeare_files
+from gptlab.data.shards import open_shard, split_shards
 from gptlab.model.io import load_model
 from gptlab.tokenizer import Tokenizer
 
 SMALL = [
-    "--tokenizer.vocab_size", "512",
-    "--train.max_steps", "12", "--train.model.n_layer", "1", "--train.model.n_embd", "32", "--train.model.n_head", "2",
-    "--train.batch_tokens", "1024", "--train.micro_batch", "8", "--train.eval_every", "6", "--train.eval_batches", "2",
-    "--train.checkpoint_every", "6", "--train.log_every", "1", "--train.precision", "fp32", "--sample.max_new_tokens", "20",
+    "--tokenizer.vocab-size", "512",
+    "--train.max-steps", "12", "--train.model.n-layer", "1", "--train.model.n-embd", "32", "--train.model.n-head", "2",
+    "--train.batch-tokens", "1024", "--train.micro-batch", "8", "--train.eval-every", "6", "--train.eval-batches", "2",
+    "--train.checkpoint-every", "6", "--train.log-every", "1", "--train.precision", "fp32", "--sample.max-new-tokens", "20",
 ]
 
 
-def test_run_goes_from_corpus_to_samples_and_reports_every_figure(tmp_path, capsys):
-    out = tmp_path / "run"
-    assert main(["run", "--out", str(out), *SMALL]) == 0
-    log = capsys.readouterr().out
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> tuple[Path, str]:
+    """One small run, shared: (its folder, what it printed)."""
+    import contextlib
+    import io
+
+    out = tmp_path_factory.mktemp("pipeline") / "run"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["run", "--out", str(out), *SMALL]) == 0
+    return out, printed.getvalue()
+
+
+def test_run_goes_from_corpus_to_samples_and_reports_every_figure(finished):
+    out, log = finished
     config = json.loads((out / "config.json").read_text())
     assert config["tokenizer"]["vocab_size"] == 512 and config["train"]["max_steps"] == 12 and config["out"] == str(out)
+    # config.json is what ran: the paths and the vocabulary the run set itself
+    assert config["train"]["data"] == str(out / "data") and config["train"]["out"] == str(out / "train")
+    assert config["train"]["tokenizer"] == str(out / "tokenizer") and config["train"]["model"]["vocab_size"] == 512
 
     # Tokenizer: the held-out compression printed is the real one, recomputed from the held-out works.
     tokenizer = Tokenizer.load(out / "tokenizer")
@@ -30,10 +52,13 @@ def test_run_goes_from_corpus_to_samples_and_reports_every_figure(tmp_path, caps
     ratio = len(text.encode()) / sum(len(tokenizer.encode(path.read_text(encoding="utf-8"))) for path in held_out)
     assert f"{ratio:.2f} bytes/token" in log and ratio > 1.5
 
-    # Data: every work once, under the tokenizer just trained.
+    # Data: one held-out set: the val split is exactly the works the tokenizer never saw, the rest is train.
     manifest = json.loads((out / "data" / "manifest.json").read_text())
     assert manifest["tokenizer"]["fingerprint"] == tokenizer.fingerprint()
-    assert manifest["splits"]["train"]["documents"] + manifest["splits"]["val"]["documents"] == len(shakespeare_files())
+    val = [int(i) for path, _ in split_shards(out / "data", "val") for i in open_shard(path)[1]]
+    expected = [i for path in held_out for i in [tokenizer.eot_id, *tokenizer.encode_ordinary(path.read_text(encoding="utf-8"))]]
+    assert sorted(val) == sorted(expected) and len(val) == len(expected)
+    assert manifest["splits"]["train"]["documents"] == len(shakespeare_files()) - len(held_out)
 
     # Training: 12 steps, metrics, checkpoint with its tokenizer, the loss plot; loss went down.
     records = [json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()]
@@ -45,3 +70,46 @@ def test_run_goes_from_corpus_to_samples_and_reports_every_figure(tmp_path, caps
 
     # Evaluation and sampling are reported.
     assert "val bits per byte" in log and "[7/7] sample" in log and log.rstrip().endswith("loss.png)")
+
+
+def test_rerunning_the_same_run_reuses_every_finished_stage_and_changes_nothing(finished, capsys):
+    out, _ = finished
+    before = snapshot(out)
+    assert main(["run", "--out", str(out), *SMALL, "--sample.max-new-tokens", "5"]) == 0  # sampling may change
+    log = capsys.readouterr().out
+    assert "resuming the run" in log and "reused" in log and "already prepared" in log and "already finished" in log
+    after = snapshot(out)
+    changed = {name for name in before.keys() | after.keys() if before.get(name) != after.get(name)}
+    assert changed <= {"gptlab_run.json", "config.json", "train/gptlab_run.json", "train/train_config.json"}
+
+
+def test_another_config_or_a_foreign_folder_is_refused_and_left_as_it_was(finished, tmp_path, capsys):
+    out, _ = finished
+    before = snapshot(out)
+    assert main(["run", "--out", str(out), *SMALL, "--train.max-steps", "5"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "other settings (train.max_steps 12 -> 5)" in err and "--force" in err
+    assert snapshot(out) == before
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"mine": true}')
+    assert main(["run", "--out", str(mine), *SMALL, "--force"]) == 1
+    assert "is not a gptlab run folder (it holds config.json)" in capsys.readouterr().err
+    assert (mine / "config.json").read_text() == '{"mine": true}' and len(list(mine.iterdir())) == 1
+
+    (tmp_path / "file").write_text("x")
+    assert main(["run", "--out", str(tmp_path / "file"), *SMALL]) == 1
+    assert "is a file, not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "reason"), [
+    ("--train.out", "the run trains into OUT/train"),
+    ("--train.data", "prepares its own data"),
+    ("--train.model.vocab-size", "set --tokenizer.vocab-size"),
+])
+def test_run_refuses_fields_it_sets_itself(tmp_path, capsys, flag, reason):
+    assert main(["run", "--out", str(tmp_path / "run"), flag, "7"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flag} cannot be set here" in err and reason in err
+    assert not (tmp_path / "run").exists()

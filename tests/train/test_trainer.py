@@ -167,17 +167,23 @@ Trainer(config, log=lambda *_: None).fit()
 """
 
 
-def test_ddp_on_two_gloo_processes_equals_one_process(prepared, tmp_path):
-    """2 ranks x 2 micro-steps x 2 sequences == 1 process x 4 micro-steps x 2 sequences: the same weights."""
-    single = tiny_config(prepared, tmp_path / "single", micro_batch=2, batch_tokens=8 * 32, max_steps=3)
-    quiet(single).fit()
-    script = tmp_path / "ddp_run.py"
-    script.write_text(DDP_SCRIPT)
+def run_on_two_ranks(script_text: str, prepared: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Run a script under torchrun on 2 CPU (gloo) processes: argv[1] the prepared data, argv[2] the output folder."""
+    script = tmp_path / "ddp_script.py"
+    script.write_text(script_text)
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(prepared), str(tmp_path / "ddp")]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_ddp_on_two_gloo_processes_equals_one_process(prepared, tmp_path):
+    """2 ranks x 2 micro-steps x 2 sequences == 1 process x 4 micro-steps x 2 sequences: the same weights."""
+    single = tiny_config(prepared, tmp_path / "single", micro_batch=2, batch_tokens=8 * 32, max_steps=3)
+    quiet(single).fit()
+    run_on_two_ranks(DDP_SCRIPT, prepared, tmp_path)
     state = json.loads((list_checkpoints(tmp_path / "ddp")[-1] / "trainer_state.json").read_text())
     assert len(state["loader"]) == 2 and state["loader"][1]["rank"] == 1
     wa, wb = final_weights(tmp_path / "single"), final_weights(tmp_path / "ddp")
@@ -264,13 +270,7 @@ print(f"rank {os.environ['RANK']}: {result.status} at step {result.steps}", flus
 
 
 def test_ddp_ranks_agree_on_the_time_limit_so_none_waits_forever(prepared, tmp_path):
-    script = tmp_path / "time_limit.py"
-    script.write_text(TIME_LIMIT_SCRIPT)
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(prepared), str(tmp_path / "ddp")]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240, cwd=root)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_on_two_ranks(TIME_LIMIT_SCRIPT, prepared, tmp_path)
     lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
     assert len(lines) == 2 and lines[0].split(": ")[1] == lines[1].split(": ")[1]
     step = int(lines[0].rsplit(" ", 1)[1])
