@@ -38,6 +38,7 @@ def test_hf_source_reports_an_unreachable_hub_in_one_line_without_retries(tmp_pa
     assert len(lines) == 1, result.stderr  # huggingface_hub alone prints 11 retry lines over ~25 s
     assert lines[0].startswith(f"gptlab: error: cannot reach the Hugging Face hub at {endpoint} to load dataset 'nobody/nothing'")
     assert "HF_ENDPOINT" in lines[0] and "hf:/path/to/a/dataset/directory" in lines[0]
+    assert not (tmp_path / "out").exists()
 
 
 def test_hf_source_reads_a_local_dataset_directory_when_the_hub_is_unreachable(tmp_path):
@@ -60,6 +61,7 @@ def test_hf_source_in_offline_mode_fails_in_one_line(tmp_path):
     assert result.returncode == 1
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "cannot load dataset 'nobody/nothing' config 'cfg'" in lines[0], result.stderr
+    assert not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------- probing files before any work
