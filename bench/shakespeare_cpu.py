@@ -7,9 +7,9 @@ nanoGPT's README trains a character-level model on a CPU with
 configuration in our code: a byte-level "tokenizer" with no merges (one id per byte: Shakespeare is
 ASCII, so one id per character) and the same model, batch, schedule and steps.
 
-Both sides train on the same documents and are scored on the same held-out works (the val split of
-`gptlab data prepare` with the same seed), in bits per byte, so the different tokenizers compare
-fairly. The recipe runs first; gptlab's `shakespeare-cpu` preset then gets the same wall-clock
+Both sides train on the same documents and are scored on the same held-out works (every tenth work,
+the ones `gptlab run` holds out: neither tokenizer nor model sees them), in bits per byte, so the
+different tokenizers compare fairly. The recipe runs first; gptlab's `shakespeare-cpu` preset then gets the same wall-clock
 (`--time_limit`, and its cosine schedule is stretched to the steps that fit, measured in a short
 probe run).
 
@@ -28,11 +28,11 @@ from pathlib import Path
 
 from machine import header
 
-from gptlab.data.corpus import shakespeare_documents
+from gptlab.data.corpus import shakespeare_files
 from gptlab.data.prepare import PrepareConfig, prepare_shards
 from gptlab.model import preset
 from gptlab.model.io import load_model
-from gptlab.pipeline import evaluate_split
+from gptlab.pipeline import RunConfig, evaluate_split
 from gptlab.tokenizer import Tokenizer
 from gptlab.train import Trainer, train_preset
 from gptlab.train.optim import OptimizerConfig
@@ -60,10 +60,14 @@ def nanogpt_recipe(data: Path, out: Path, steps: int):
 
 
 def prepare(root: Path, vocab_size: int) -> tuple[Path, Tokenizer]:
-    documents = shakespeare_documents()
-    tokenizer = Tokenizer.train(documents, vocab_size=vocab_size, pattern="gpt4")
+    """The tokenizer on the training works only; shards with exactly the held-out works as the val split."""
+    files = shakespeare_files()
+    held_out = files[RunConfig().val_every - 1 :: RunConfig().val_every]
+    train_files = [path for path in files if path not in held_out]
+    tokenizer = Tokenizer.train(files=train_files, vocab_size=vocab_size, pattern="gpt4")
     tokenizer.save(root / "tokenizer")
-    prepare_shards("shakespeare", tokenizer, root / "data", PrepareConfig(val=0.1, shard_tokens=10_000_000, progress=False))
+    prepare_shards([str(path) for path in train_files], tokenizer, root / "data",
+                   PrepareConfig(val=0, shard_tokens=10_000_000, progress=False), val_source=[str(path) for path in held_out])
     return root / "data", tokenizer
 
 
@@ -80,7 +84,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2000, help="the recipe's steps (2000 in nanoGPT's README)")
     args = parser.parse_args()
     print(header("Shakespeare on CPU: gptlab run's recipe vs nanoGPT's CPU recipe, equal wall-clock", ["gptlab", "torch"]))
-    print("# score: bits per byte on the same held-out works (10% of the 42, seed 1337), the whole val split.")
+    print("# score: bits per byte on the same held-out works (every tenth of the 42, unseen by tokenizers and models), the whole val split.")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         char_data, _ = prepare(root / "char", 257)

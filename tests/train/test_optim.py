@@ -99,3 +99,13 @@ def test_constant_and_wsd_schedules():
     with pytest.raises(GptlabError):
         ScheduleConfig(kind="linear")
     assert math.isfinite(learning_rate(5, 1.0, 0, ScheduleConfig()))
+
+
+def test_schedule_warmup_is_what_its_docstring_says():
+    """The module docstring's worked example: 4 warmup steps give 0.25, 0.5, 0.75, 1.0 times max_lr; never 0."""
+    import gptlab.train.schedule as schedule
+
+    assert "0.25, 0.5, 0.75, 1.0" in schedule.__doc__
+    for kind in ("cosine", "constant", "wsd"):
+        config = ScheduleConfig(kind=kind, warmup_steps=4)
+        assert [learning_rate(step, 2.0, 100, config) for step in range(4)] == [0.5, 1.0, 1.5, 2.0]
