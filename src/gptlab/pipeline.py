@@ -14,6 +14,7 @@ folder that is not a gptlab run, is refused (`force` starts over).
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -97,7 +98,8 @@ class RunResult:
 
 def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: bool = False, force: bool = False) -> RunResult:
     out = Path(config.out)
-    folder = claim_run_folder(out, command="run", config=dataclasses.asdict(config), ours=RUN_FILES, free=FREE_FIELDS, force=force)
+    folder = claim_run_folder(out, command="run", config=dataclasses.asdict(config), ours=RUN_FILES, free=FREE_FIELDS,
+                              force=force, legacy=_made_by_an_earlier_gptlab)
     if folder.status == "resume":
         log(f"resuming the run in {out} (same settings): finished stages are reused")
     log(f"[1/7] corpus: {config.corpus}")
@@ -133,6 +135,15 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
         tokenizer_dir=out / "tokenizer", val_bytes_per_token=stats.bytes_per_token, train_seconds=tokenizer_seconds,
         data_dir=data_dir, train=trained, val_bpb=val["bpb"], sample=text,
     )
+
+
+def _made_by_an_earlier_gptlab(out: Path) -> bool:
+    """A `gptlab run` folder from before run records: its config.json has exactly RunConfig's sections."""
+    try:
+        saved = json.loads((out / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and set(saved) == {field.name for field in dataclasses.fields(RunConfig)}
 
 
 def tokenizer_stage(config: RunConfig, folder: RunFolder, files: list[Path], log) -> tuple[Tokenizer, float]:

@@ -196,3 +196,22 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_a_run_made_before_run_records_is_refused_and_force_starts_it_over(prepared, tmp_path):
+    out = tmp_path / "old"
+    (out / "checkpoints" / "step_000003").mkdir(parents=True)
+    (out / "train_config.json").write_text("{}")
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')
+    before = snapshot(out)
+    with pytest.raises(GptlabError, match="made by an earlier gptlab, without a run record.*--force to start over"):
+        quiet(tiny_config(prepared, out, max_steps=2)).fit()
+    assert snapshot(out) == before
+    quiet(tiny_config(prepared, out, max_steps=2), force=True).fit()
+    assert metric_steps(out) == [1, 2] and [p.name for p in list_checkpoints(out)] == ["step_000002"]
+
+    (out / "gptlab_run.json").unlink()
+    (out / "notes.txt").write_text("mine")  # not only a run's files any more: never cleared
+    with pytest.raises(GptlabError, match="is not a gptlab run folder"):
+        quiet(tiny_config(prepared, out, max_steps=2), force=True).fit()
+    assert (out / "notes.txt").read_text() == "mine"

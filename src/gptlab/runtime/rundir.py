@@ -21,7 +21,7 @@ import fnmatch
 import json
 import os
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +76,11 @@ def clear_run_files(path: Path, ours: Sequence[str]) -> list[str]:
     return removed
 
 
+def _is_legacy(path: Path, entries: list[str], ours: Sequence[str], legacy: Callable[[Path], bool] | None) -> bool:
+    owned = all(any(fnmatch.fnmatch(name.rstrip("/"), pattern) for pattern in ours) for name in entries)
+    return legacy is not None and owned and legacy(path)
+
+
 def read_marker(path: Path) -> dict | None:
     marker = path / MARKER
     if not marker.is_file():
@@ -90,15 +95,25 @@ def read_marker(path: Path) -> dict | None:
 
 def claim_run_folder(path: str | os.PathLike, *, command: str, config: dict, ours: Sequence[str],
                      free: Iterable[str] = (), force: bool = False, fresh: bool = False,
-                     out_flag: str = "--out") -> RunFolder:
-    """Start or resume the run in `path`, or refuse (see the module docstring). `fresh`: never resume."""
+                     out_flag: str = "--out", legacy: Callable[[Path], bool] | None = None) -> RunFolder:
+    """Start or resume the run in `path`, or refuse (see the module docstring). `fresh`: never resume.
+
+    `legacy(path)` recognises a run made before run records existed (all its entries are `ours`):
+    it cannot be resumed safely, so it is refused unless `force` clears it.
+    """
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise GptlabError(f"{out_flag} {path} is a file, not a folder; pass a folder path")
     record = read_marker(path) if path.is_dir() else None
     entries = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir()) if path.is_dir() else []
     new_record = {"format": FORMAT, "version": VERSION, "command": command, "config": config, "stages": {}}
-    if record is None and entries:
+    if record is None and entries and _is_legacy(path, entries, ours, legacy):
+        if not force:
+            raise GptlabError(f"{out_flag} {path} holds a `gptlab {command}` run made by an earlier gptlab, without a run record, "
+                              f"so it cannot be resumed safely; pass --force to start over (clears that run's files), "
+                              f"or another {out_flag}")
+        clear_run_files(path, ours)
+    elif record is None and entries:
         raise GptlabError(f"{out_flag} {path} is not empty and is not a gptlab run folder (it holds {describe_entries(entries)}); "
                           f"gptlab never deletes what it did not make: pass a new or empty {out_flag}")
     if record is not None:

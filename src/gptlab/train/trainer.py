@@ -174,7 +174,8 @@ class Trainer:
             if not config.out:
                 self.print(f"no --out given: training into {out} (pass --out {out} to resume this run)")
             folder = claim_run_folder(out, command="train", config=dataclasses.asdict(dataclasses.replace(config, out=str(out))),
-                                      ours=RUN_FILES, free=FREE_FIELDS, force=self.force, fresh=not self.resume)
+                                      ours=RUN_FILES, free=FREE_FIELDS, force=self.force, fresh=not self.resume,
+                                      legacy=lambda path: (path / "train_config.json").is_file())
             resume_from = resume_point(out, self.print) if folder.status == "resume" else None
             atomic_write_text(out / "train_config.json", json.dumps(dataclasses.asdict(dataclasses.replace(config, out=str(out))), indent=1) + "\n")
             shared = [str(out), str(resume_from) if resume_from else None]
