@@ -120,7 +120,8 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
         f"{train_config.max_steps} steps of {train_config.batch_tokens:,} tokens")
     runtime = init_runtime(train_config.device)
     trained = Trainer(train_config, runtime=runtime, log=lambda line: log("      " + line)).fit()
-    log(f"      {trained.status} in {trained.seconds:.0f} s, final train loss {trained.final_loss:.3f} -> {trained.checkpoint}")
+    if trained.losses:
+        log(f"      {trained.status} in {trained.seconds:.0f} s, final train loss {trained.final_loss:.3f} -> {trained.checkpoint}")
 
     log("[6/7] evaluate: the whole val split (the held-out works)")
     model = load_model(trained.checkpoint, device=runtime.device)
@@ -171,6 +172,7 @@ def held_out_stage(tokenizer: Tokenizer, held_out: list[Path], log, color: bool)
     """How well the tokenizer compresses the works it never saw, and that it round-trips them."""
     log("[3/7] held-out text")
     texts = [path.read_text(encoding="utf-8") for path in held_out]
+    tokenizer.encode(texts[0][:1000])  # warm up: the compiled encoder builds its tables on first use
     start = time.perf_counter()
     encoded = [tokenizer.encode(text) for text in texts]
     encode_seconds = time.perf_counter() - start
