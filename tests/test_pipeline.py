@@ -113,3 +113,14 @@ def test_run_refuses_fields_it_sets_itself(tmp_path, capsys, flag, reason):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{flag} cannot be set here" in err and reason in err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_refused_before_training_leaves_nothing_and_the_corrected_command_needs_no_force(tmp_path, capsys):
+    """4096 tokens per step do not divide into micro-batches of 3 x 128: found after the tokenizer and data
+    stages, before training; the new run's folder is removed, so the corrected command simply runs."""
+    out = tmp_path / "runs" / "new"
+    bad = ["run", "--out", str(out), *SMALL, "--train.micro-batch", "3"]
+    assert main(bad) == 1
+    assert "does not divide" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+    assert main(["run", "--out", str(out), *SMALL, "--train.max-steps", "1"]) == 0

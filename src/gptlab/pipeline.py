@@ -102,24 +102,19 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
                               force=force, legacy=_made_by_an_earlier_gptlab)
     if folder.status == "resume":
         log(f"resuming the run in {out} (same settings): finished stages are reused")
-    log(f"[1/7] corpus: {config.corpus}")
-    files = corpus_files(config.corpus)
-    held_out = files[config.val_every - 1 :: config.val_every]
-    train_files = [path for path in files if path not in held_out]
-    size = sum(path.stat().st_size for path in train_files)
-    log(f"      {len(train_files)} training documents ({size / 1e6:.1f} MB), {len(held_out)} held out, from {files[0].parent}")
-
-    tokenizer, tokenizer_seconds = tokenizer_stage(config, folder, train_files, log)
-    stats = held_out_stage(tokenizer, held_out, log, color)
-    train_config = resolved_train_config(config, out, tokenizer)
-    atomic_write_text(out / "config.json", config_to_json(dataclasses.replace(config, train=train_config)))
-    data_dir = data_stage(config, tokenizer, train_files, held_out, out, log)
-
-    model_config = train_config.model
-    log(f"[5/7] train: {model_config.arch} {model_config.n_layer} layers x {model_config.n_embd} wide, "
-        f"{train_config.max_steps} steps of {train_config.batch_tokens:,} tokens")
-    runtime = init_runtime(train_config.device)
-    trained = Trainer(train_config, runtime=runtime, log=lambda line: log("      " + line)).fit()
+    trainer = None
+    try:
+        tokenizer, tokenizer_seconds, stats, data_dir, train_config = prepare_stages(config, folder, log, color)
+        model_config = train_config.model
+        log(f"[5/7] train: {model_config.arch} {model_config.n_layer} layers x {model_config.n_embd} wide, "
+            f"{train_config.max_steps} steps of {train_config.batch_tokens:,} tokens")
+        runtime = init_runtime(train_config.device)
+        trainer = Trainer(train_config, runtime=runtime, log=lambda line: log("      " + line))
+        trained = trainer.fit()
+    except GptlabError:  # refused for bad input before training began: a new run leaves nothing behind
+        if trainer is None or not trainer.started:
+            folder.undo()
+        raise
     if trained.losses:
         log(f"      {trained.status} in {trained.seconds:.0f} s, final train loss {trained.final_loss:.3f} -> {trained.checkpoint}")
 
@@ -136,6 +131,23 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
         tokenizer_dir=out / "tokenizer", val_bytes_per_token=stats.bytes_per_token, train_seconds=tokenizer_seconds,
         data_dir=data_dir, train=trained, val_bpb=val["bpb"], sample=text,
     )
+
+
+def prepare_stages(config: RunConfig, folder: RunFolder, log, color: bool):
+    """Stages 1-4: corpus, tokenizer, held-out text, data; and the training config they resolve."""
+    out = folder.path
+    log(f"[1/7] corpus: {config.corpus}")
+    files = corpus_files(config.corpus)
+    held_out = files[config.val_every - 1 :: config.val_every]
+    train_files = [path for path in files if path not in held_out]
+    size = sum(path.stat().st_size for path in train_files)
+    log(f"      {len(train_files)} training documents ({size / 1e6:.1f} MB), {len(held_out)} held out, from {files[0].parent}")
+    tokenizer, tokenizer_seconds = tokenizer_stage(config, folder, train_files, log)
+    stats = held_out_stage(tokenizer, held_out, log, color)
+    train_config = resolved_train_config(config, out, tokenizer)
+    atomic_write_text(out / "config.json", config_to_json(dataclasses.replace(config, train=train_config)))
+    data_dir = data_stage(config, tokenizer, train_files, held_out, out, log)
+    return tokenizer, tokenizer_seconds, stats, data_dir, train_config
 
 
 def _made_by_an_earlier_gptlab(out: Path) -> bool:

@@ -215,3 +215,12 @@ def test_a_run_made_before_run_records_is_refused_and_force_starts_it_over(prepa
     with pytest.raises(GptlabError, match="is not a gptlab run folder"):
         quiet(tiny_config(prepared, out, max_steps=2), force=True).fit()
     assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_a_new_run_refused_before_training_leaves_nothing_behind(prepared, tmp_path):
+    """Batches larger than a shard are found when the loaders open, after the folder was claimed: it is removed."""
+    out = tmp_path / "new" / "run"
+    with pytest.raises(GptlabError, match="sequential batches come from one shard"):
+        quiet(tiny_config(prepared, out, micro_batch=8000, batch_tokens=8000 * 32)).fit()
+    assert not (tmp_path / "new").exists()
+    quiet(tiny_config(prepared, out, max_steps=1)).fit()  # the corrected command needs no --force

@@ -39,6 +39,20 @@ class RunFolder:
     path: Path
     status: str  # "new" or "resume"
     record: dict
+    ours: Sequence[str] = ()
+    made: tuple[Path, ...] = ()  # folders the claim created (deepest first)
+
+    def undo(self) -> None:
+        """A new run refused for bad input before its work began: remove what it made, so the corrected
+        command starts cleanly. A resumed run keeps everything."""
+        if self.status != "new" or not self.path.is_dir():
+            return
+        clear_run_files(self.path, self.ours)
+        for folder in self.made:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty: something else is there now; keep it
+                break
 
     def stage(self, name: str) -> dict | None:
         """What a finished stage recorded (None if it has not finished in this run)."""
@@ -133,8 +147,9 @@ def claim_run_folder(path: str | os.PathLike, *, command: str, config: dict, our
                                   + f"pass --force to start over (clears that run's files), or another {out_flag}")
             record["config"] = config  # the settings free to change are the latest ones
             _write(path, record)
-            return RunFolder(path, "resume", record)
+            return RunFolder(path, "resume", record, ours)
+    made = tuple(folder for folder in [path, *path.absolute().parents] if not folder.exists())
     path.mkdir(parents=True, exist_ok=True)
     _write(path, new_record)
-    return RunFolder(path, "new", new_record)
+    return RunFolder(path, "new", new_record, ours, made)
 

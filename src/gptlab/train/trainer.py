@@ -114,6 +114,7 @@ class Trainer:
         self.task_fn = task_fn  # e.g. HellaSwag: built by the caller, who holds the tokenizer
         self.print = log if self.runtime.is_main else (lambda *_: None)
         self.resume, self.force = resume, force
+        self.started = False  # True once the training loop has begun (fit)
         self.config = self._check_before_compute(config)
 
     # ------------------------------------------------------------ set-up
@@ -176,6 +177,7 @@ class Trainer:
             folder = claim_run_folder(out, command="train", config=dataclasses.asdict(dataclasses.replace(config, out=str(out))),
                                       ours=RUN_FILES, free=FREE_FIELDS, force=self.force, fresh=not self.resume,
                                       legacy=lambda path: (path / "train_config.json").is_file())
+            self.folder = folder
             resume_from = resume_point(out, self.print) if folder.status == "resume" else None
             atomic_write_text(out / "train_config.json", json.dumps(dataclasses.asdict(dataclasses.replace(config, out=str(out))), indent=1) + "\n")
             shared = [str(out), str(resume_from) if resume_from else None]
@@ -248,9 +250,15 @@ class Trainer:
     # ------------------------------------------------------------ the loop
 
     def fit(self) -> TrainResult:
+        self.folder, self.started = None, False
         resume_from = self._claim()
-        self._build()
-        self.state = self._restore(resume_from)
+        try:
+            self._build()
+            self.state = self._restore(resume_from)
+        except GptlabError:  # refused before any training: a new run leaves nothing behind
+            if self.folder is not None:
+                self.folder.undo()
+            raise
         self.start_time = time.perf_counter()
         if self.state.finished and self.state.step >= self.config.max_steps:
             self.print(f"{self.config.out} already finished its {self.state.step} steps; nothing to train")
@@ -258,6 +266,7 @@ class Trainer:
             return self._result("already finished", resume_from)
         self._announce()
         self.model.train()
+        self.started = True  # from here on the run's work is worth keeping, whatever happens
         status = "finished"
         try:
             while self.state.step < self.config.max_steps:
