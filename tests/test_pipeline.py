@@ -124,3 +124,28 @@ def test_a_run_refused_before_training_leaves_nothing_and_the_corrected_command_
     assert "does not divide" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
     assert main(["run", "--out", str(out), *SMALL, "--train.max-steps", "1"]) == 0
+
+
+def test_ctrl_c_during_training_stops_the_run_with_130_and_the_same_command_resumes(tmp_path, monkeypatch, capsys):
+    from gptlab.train import Trainer
+
+    real_log_step = Trainer._log_step
+
+    def interrupted_at_step_3(self, *args):
+        real_log_step(self, *args)
+        if self.state.step == 3 and not getattr(Trainer, "_interrupted", False):
+            Trainer._interrupted = True
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "_log_step", interrupted_at_step_3)
+    monkeypatch.setattr(Trainer, "_interrupted", False, raising=False)
+    out = tmp_path / "run"
+    assert main(["run", "--out", str(out), *SMALL]) == 130
+    log = capsys.readouterr().out
+    assert "interrupted: rerun the same command to resume" in log and "[6/7]" not in log
+    assert sorted(p.name for p in (out / "train" / "checkpoints").iterdir()) == ["step_000003"]
+    assert main(["run", "--out", str(out), *SMALL]) == 0
+    log = capsys.readouterr().out
+    assert "resumed from" in log and "step_000003 at step 3" in log and "val bits per byte" in log
+    records = [json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == list(range(1, 13))  # each step logged once

@@ -115,6 +115,9 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
         if trainer is None or not trainer.started:
             folder.undo()
         raise
+    if trained.status == "interrupted":  # Ctrl-C: the checkpoint is saved; the same command resumes
+        log(f"      interrupted: rerun the same command to resume from {trained.checkpoint}")
+        raise KeyboardInterrupt
     if trained.losses:
         log(f"      {trained.status} in {trained.seconds:.0f} s, final train loss {trained.final_loss:.3f} -> {trained.checkpoint}")
 
