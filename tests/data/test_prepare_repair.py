@@ -64,13 +64,23 @@ def test_prepare_rewrites_several_damaged_shards_in_one_rerun(prepared, tokenize
     assert folder_bytes(out) == folder_bytes(reference)
 
 
-def test_prepare_rewrites_damaged_token_bytes_without_reading_the_source(prepared, tokenizer, monkeypatch):
+@pytest.mark.parametrize("name", ["token_bytes.npy", "tokenizer.json"])
+def test_prepare_rewrites_damaged_tokenizer_files_without_reading_the_source(prepared, tokenizer, monkeypatch, name):
     source, reference, out = prepared
-    (out / "token_bytes.npy").write_bytes(b"damaged")
+    (out / name).write_bytes(b"damaged")
     monkeypatch.setattr(prepare_module, "tokenize_blocks", lambda *args, **kwargs: pytest.fail("the source was read again"))
     result = prepare_shards([source], tokenizer, out, CONFIG)
-    assert result.status == "repaired" and result.rewritten == ["token_bytes.npy was missing or damaged"]
+    assert result.status == "repaired" and result.rewritten == [f"{name} was missing or damaged"]
     assert folder_bytes(out) == folder_bytes(reference)
+
+
+def test_prepared_data_carries_the_tokenizer_that_made_it(prepared, tokenizer):
+    from gptlab.data.match import data_tokenizer
+    from gptlab.tokenizer.pretrained import load_any
+
+    _, _, out = prepared
+    assert load_any(str(out)).fingerprint() == tokenizer.fingerprint() == data_tokenizer(out).fingerprint()
+    assert load_any(str(out)).encode("hello world") == tokenizer.encode("hello world")
 
 
 def test_prepare_resume_rewrites_a_shard_whose_header_matches_but_tokens_do_not(prepared, tokenizer):

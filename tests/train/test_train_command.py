@@ -114,3 +114,16 @@ def test_train_command_init_from_a_run_starts_from_its_weights(prepared, tmp_pat
     assert main([*args[:-2], "--model.n-layer", "3", "--out", str(tmp_path / "other")]) == 1
     assert "sets the model; drop --model.n-layer" in capsys.readouterr().err
     assert not (tmp_path / "other").exists()
+
+
+def test_train_command_defaults_to_the_tokenizer_saved_with_the_data(prepared, tmp_path, capsys):
+    """No --tokenizer: the data folder's own tokenizer.json goes into every checkpoint, so sampling just works."""
+    args = tiny(prepared, tmp_path / "run", "--max-steps", "1")
+    i = args.index("--tokenizer")
+    assert main(args[:i] + args[i + 2 :]) == 0
+    checkpoint = list_checkpoints(tmp_path / "run")[-1]
+    saved = json.loads((tmp_path / "run" / "train_config.json").read_text())
+    assert saved["tokenizer"] == str(prepared / "data")
+    assert (checkpoint / "tokenizer" / "tokenizer.json").read_bytes() == (prepared / "data" / "tokenizer.json").read_bytes()
+    capsys.readouterr()
+    assert main(["sample", "--checkpoint", str(tmp_path / "run"), "--prompt", "A", "--max-new-tokens", "3", "--seed", "0"]) == 0

@@ -95,7 +95,7 @@ def run_prepare(args: argparse.Namespace) -> int:
     val_source = open_source(args.val_from, options) if args.val_from else None
     config = PrepareConfig(
         val=args.val, shard_tokens=args.shard_tokens, seed=args.seed, shuffle=not args.no_shuffle,
-        workers=args.workers, progress=not args.quiet,
+        workers=args.workers, progress=not args.quiet and sys.stderr.isatty(),
     )
     try:
         result = prepare_shards(source, tokenizer, args.out, config, force=args.force, val_source=val_source)

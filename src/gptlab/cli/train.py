@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 DEFAULT_PRESET = "shakespeare-cpu"
 
@@ -54,6 +55,8 @@ def resolve_config(preset: str, overrides: list[str]):
         defaults = {f"model.{key}": value for key, value in dataclasses.asdict(init).items() if key != "dropout"}
     elif given.get("data") and "model.vocab_size" not in given:
         defaults = {"model.vocab_size": int(read_manifest(given["data"])["tokenizer"]["vocab_size"])}
+    if given.get("data") and "tokenizer" not in given and (Path(given["data"]) / "tokenizer.json").is_file():
+        defaults["tokenizer"] = given["data"]  # the tokenizer `data prepare` saved with the shards
     return apply_overrides(base, overrides, defaults=defaults)
 
 

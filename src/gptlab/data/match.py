@@ -47,3 +47,10 @@ def find_model_tokenizer(folder: str | os.PathLike) -> Tokenizer | None:
         if any((candidate / name).is_file() for name in ("tokenizer.json", "vocab.json")):
             return load_any(str(candidate))
     return None
+
+
+def data_tokenizer(data: str | os.PathLike) -> Tokenizer | None:
+    """The tokenizer `gptlab data prepare` saved beside the shards (DATA/tokenizer.json), checked; None in older folders."""
+    if not (Path(data) / "tokenizer.json").is_file():
+        return None
+    return check_tokenizer(data, load_any(str(data)), f"{data}/tokenizer.json")

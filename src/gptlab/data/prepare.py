@@ -52,6 +52,7 @@ from gptlab.data.workspace import (
     JOB_FILE,
     OUTPUT_PATTERNS,
     TOKEN_BYTES_NAME,
+    TOKENIZER_NAME,
     WORK_DIR,
     JobState,
     damaged_shards,
@@ -62,6 +63,7 @@ from gptlab.data.workspace import (
 )
 from gptlab.runtime import GptlabError, atomic_write_bytes, atomic_write_text, check_out_dir
 from gptlab.tokenizer import Tokenizer
+from gptlab.tokenizer.formats import tokenizer_file_text
 
 DEFAULT_VAL = 0.01  # 1% of the documents (at least one); build-nanogpt holds out 1 of its ~100 FineWeb-Edu shards
 
@@ -199,6 +201,12 @@ def token_bytes_file(tokenizer: Tokenizer) -> bytes:
     return buffer.getvalue()
 
 
+def _write_tokenizer_files(out: Path, tokenizer: Tokenizer, token_bytes: bytes) -> list[str]:
+    """token_bytes.npy and the tokenizer itself (so training and evaluation find it beside the data); what was rewritten."""
+    files = {TOKEN_BYTES_NAME: token_bytes, TOKENIZER_NAME: tokenizer_file_text(tokenizer).encode("utf-8")}
+    return [f"{name} was missing or damaged" for name, data in files.items() if _write_if_changed(out / name, data)]
+
+
 def _write_if_changed(path: Path, data: bytes) -> bool:
     """Write `data` atomically unless the file already holds it (a finished file is rewritten only when damaged)."""
     if path.is_file() and path.read_bytes() == data:
@@ -239,9 +247,9 @@ def prepare_shards(
     if state.status == "finished":
         damaged = damaged_shards(out, state.manifest)
         if not damaged:
-            repaired = _write_if_changed(out / TOKEN_BYTES_NAME, token_bytes)
+            rewritten = _write_tokenizer_files(out, tokenizer, token_bytes)
             remove_leftovers(out)
-            status, rewritten = ("repaired", [f"{TOKEN_BYTES_NAME} was missing or damaged"]) if repaired else ("already prepared", [])
+            status = "repaired" if rewritten else "already prepared"
             return PrepareResult(out, state.manifest, status, time.perf_counter() - start, rewritten)
     for each in sources:
         each.check()  # bad input fails here, before anything is made or tokenized
@@ -292,13 +300,13 @@ def _run(sources: list[Source], tokenizer: Tokenizer, out: Path, config: Prepare
     for split, order in splits.items():
         entries = write_split_shards(out, split, order, table, blocks, fingerprint, config)
         manifest_splits[split] = {"tokens": sum(entry["tokens"] for entry in entries), "documents": len(order), "shards": entries}
-    _write_if_changed(out / TOKEN_BYTES_NAME, token_bytes)
+    _write_tokenizer_files(out, tokenizer, token_bytes)
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": VERSION,
         "source": job["source"],
         **({"val_source": job["val_source"]} if "val_source" in job else {}),
-        "tokenizer": {"fingerprint": fingerprint, "vocab_size": tokenizer.vocab_size, "eot_id": tokenizer.eot_id},
+        "tokenizer": {"fingerprint": fingerprint, "vocab_size": tokenizer.vocab_size, "eot_id": tokenizer.eot_id, "file": TOKENIZER_NAME},
         "dtype": str(np.dtype(dtype_for(tokenizer.vocab_size)).name),
         **config.identity(),
         "documents": _document_counts(metas, len(table["length"])),

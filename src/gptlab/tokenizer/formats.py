@@ -57,7 +57,13 @@ def text_to_token(text: str) -> bytes:
 
 
 def save_tokenizer(tokenizer, directory: str | os.PathLike) -> Path:
-    directory = Path(directory)
+    path = Path(directory) / FILE_NAME
+    atomic_write_text(path, tokenizer_file_text(tokenizer))
+    return path
+
+
+def tokenizer_file_text(tokenizer) -> str:
+    """The text of `tokenizer.json` in gptlab's format (one token or merge per line, for diffs and reading)."""
     specials = set(tokenizer.special_tokens.values())
     lines = [
         "{",
@@ -77,9 +83,7 @@ def save_tokenizer(tokenizer, directory: str | os.PathLike) -> Path:
         "]",
         "}",
     ]
-    path = directory / FILE_NAME
-    atomic_write_text(path, "\n".join(lines) + "\n")
-    return path
+    return "\n".join(lines) + "\n"
 
 
 def _require(condition: bool, path: Path, what: str) -> None:

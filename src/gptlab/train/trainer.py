@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from gptlab.data.loader import LoaderConfig, ShardLoader
-from gptlab.data.match import check_tokenizer, find_model_tokenizer, load_matching_tokenizer
+from gptlab.data.match import check_tokenizer, data_tokenizer, find_model_tokenizer, load_matching_tokenizer
 from gptlab.data.shards import read_manifest
 from gptlab.eval.loss import evaluate_loss, load_token_bytes
 from gptlab.model import GPT
@@ -126,7 +126,8 @@ class Trainer:
         self.manifest = read_manifest(config.data)
         if "train" not in self.manifest["splits"]:
             raise GptlabError(f"{config.data} has no train split")
-        self.tokenizer = load_matching_tokenizer(config.data, config.tokenizer) if config.tokenizer else None
+        # the tokenizer saved with the data is the default: checkpoints then carry it, and samples can be read
+        self.tokenizer = load_matching_tokenizer(config.data, config.tokenizer) if config.tokenizer else data_tokenizer(config.data)
         if config.init_from:
             self._check_init(config)
         vocab = self.manifest["tokenizer"]["vocab_size"]
