@@ -28,3 +28,11 @@ def prepared(tmp_path_factory):
     tokenizer.save(root / "tokenizer")
     prepare_shards("shakespeare", tokenizer, root / "data", PrepareConfig(val=0.1, shard_tokens=200_000, progress=False))
     return root
+
+
+def with_ctrl_c():
+    """preexec_fn for a child that a test sends Ctrl-C (SIGINT): in a terminal SIGINT is live, but a test run
+    started in the background (make test &, some CI runners) inherits it ignored, and Python keeps it so."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -15,6 +15,7 @@ from gptlab.cli.main import main
 from gptlab.data import blocks as blocks_module
 from gptlab.data.prepare import PrepareConfig, prepare_shards
 from gptlab.runtime import GptlabError
+from tests.conftest import with_ctrl_c
 from tests.data.conftest import QUIET, documents_as_jsonl, folder_bytes, make_documents
 
 
@@ -275,7 +276,8 @@ def test_cli_prepare_ctrl_c_with_workers_exits_and_the_same_command_resumes(tmp_
     args = ["data", "prepare", source, "-t", str(tmp_path / "tok"), "--out", str(tmp_path / "out"), "--shard-tokens", "5000", "--workers", "2", "--quiet"]
     env = {**os.environ, "PYTHONPATH": str(Path(gptlab.__file__).resolve().parents[1])}
     # its own process group, so the Ctrl-C reaches it and its workers, not pytest; a hang fails on the timeout
-    result = subprocess.run([sys.executable, "-c", CTRL_C_SCRIPT, *args], capture_output=True, text=True, env=env, timeout=120, start_new_session=True)
+    result = subprocess.run([sys.executable, "-c", CTRL_C_SCRIPT, *args], capture_output=True, text=True, env=env, timeout=120,
+                            start_new_session=True, preexec_fn=with_ctrl_c)
     assert result.returncode == 130, result.stderr
     assert lines_of(result.stderr) == [f"gptlab: the work so far is kept in {tmp_path / 'out' / '.prepare'}; the same command resumes it", "gptlab: interrupted"]
     assert main(args) == 0

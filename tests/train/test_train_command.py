@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from gptlab.cli.main import main
 from gptlab.train.checkpoint import list_checkpoints
+from tests.conftest import with_ctrl_c
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,7 +73,8 @@ def test_train_command_ctrl_c_saves_a_checkpoint_exits_130_and_the_run_resumes(p
     out = tmp_path / "run"
     command = [sys.executable, "-m", "gptlab", *tiny(prepared, out, "--max-steps", "100000", "--checkpoint-every", "0")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=with_ctrl_c)
     deadline = time.monotonic() + 120
     metrics = out / "metrics.jsonl"
     while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3) and time.monotonic() < deadline:
