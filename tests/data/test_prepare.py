@@ -37,7 +37,7 @@ def test_prepare_shakespeare_round_trips_every_document(tmp_path):
         header = read_header(tmp_path / entry["file"])
         assert (header.n_tokens, header.n_documents, header.fingerprint) == (entry["tokens"], entry["documents"], gpt2.fingerprint())
     assert sum(entry["documents"] for entry in shards) == 38
-    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".bin")) == ["manifest.json", "token_bytes.npy"]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".bin")) == ["manifest.json", "token_bytes.npy", "tokenizer.json"]
     token_bytes = np.load(tmp_path / "token_bytes.npy")
     ids = gpt2.encode(shakespeare_documents()[0])
     assert int(token_bytes[ids].sum()) == len(shakespeare_documents()[0].encode()) and token_bytes[gpt2.eot_id] == 0
