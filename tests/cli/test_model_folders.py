@@ -93,3 +93,16 @@ def test_model_info_rejects_a_zero_sequence_length(run, capsys):
         main(["model", "info", "--checkpoint", str(run), "--seq-len", "0"])
     assert exit_info.value.code == 2 and "must be at least 1, got 0" in capsys.readouterr().err
 
+
+
+@pytest.mark.parametrize("command", ["sample", "eval", "train"])
+def test_an_unknown_device_is_one_line_in_every_command(run, prepared, tmp_path, command, capsys):
+    argv = {
+        "sample": ["sample", "--checkpoint", str(run), "--prompt", "A"],
+        "eval": ["eval", "--checkpoint", str(run), "--data", str(prepared / "data")],
+        "train": ["train", "--data", str(prepared / "data"), "--out", str(tmp_path / "new")],
+    }[command]
+    assert main([*argv, "--device", "gpu0"]) == 1
+    err = capsys.readouterr().err
+    assert err == "gptlab: error: unknown device 'gpu0'; use auto, cpu, cuda, cuda:N or mps\n"
+    assert not (tmp_path / "new").exists()

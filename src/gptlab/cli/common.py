@@ -87,13 +87,10 @@ def _is_hf_gpt2(path: Path, model) -> bool:
 
 
 def pick_device(name: str):
-    """--device: auto or an available device, else one clear error."""
+    """--device: auto or an available device, else one clear error (gptlab.runtime.device.detect_device)."""
     from gptlab.runtime.device import detect_device
 
-    try:
-        return detect_device(name)
-    except RuntimeError:
-        raise GptlabError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
+    return detect_device(name)
 
 
 def positive(text: str) -> int:

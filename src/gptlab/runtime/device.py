@@ -46,7 +46,10 @@ def detect_device(requested: str = "auto") -> torch.device:
         if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
-    device = torch.device(requested)
+    try:
+        device = torch.device(requested)
+    except RuntimeError:
+        raise GptlabError(f"unknown device {requested!r}; use auto, cpu, cuda, cuda:N or mps") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise GptlabError(f"device {requested!r} asked for, but CUDA is not available here (use --device cpu or auto)")
     if device.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
