@@ -18,6 +18,7 @@ import os
 import shutil
 from pathlib import Path
 
+from gptlab.chat import CHAT_TOKENS, END, chat_template
 from gptlab.cli.common import add_model_argument, load_model_from, load_model_tokenizer
 from gptlab.runtime import GptlabError, check_out_dir
 
@@ -45,11 +46,12 @@ def run_export_hf(args: argparse.Namespace) -> int:
         raise GptlabError(f"OUT {out} holds an earlier export ({', '.join(sorted(existing))}); pass --force to replace it")
     model, path = load_model_from(args.checkpoint)
     tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
+    chat = all(token in tokenizer.special_tokens for token in CHAT_TOKENS)  # a chat model: its template and stop token go along
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:  # written beside OUT, then swapped in: OUT is the old export or the new one, never half of each
-        export_hf(model, tmp, eos_token_id=tokenizer.eot_id)
-        tokenizer.save_huggingface_dir(tmp, model_max_length=model.config.block_size)
+        export_hf(model, tmp, eos_token_id=tokenizer.special_tokens[END] if chat else tokenizer.eot_id)
+        tokenizer.save_huggingface_dir(tmp, model_max_length=model.config.block_size, chat_template=chat_template() if chat else None)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

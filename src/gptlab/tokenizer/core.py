@@ -389,9 +389,10 @@ class Tokenizer:
         """Write a Hugging Face `tokenizer.json` (the `tokenizers` file alone)."""
         return huggingface.save_huggingface(self, path)
 
-    def save_huggingface_dir(self, directory: str | os.PathLike, *, model_max_length: int | None = None) -> Path:
+    def save_huggingface_dir(self, directory: str | os.PathLike, *, model_max_length: int | None = None,
+                             chat_template: str | None = None) -> Path:
         """Write a folder that `transformers.AutoTokenizer.from_pretrained` loads with the same ids."""
-        return huggingface.save_huggingface_dir(self, directory, model_max_length=model_max_length)
+        return huggingface.save_huggingface_dir(self, directory, model_max_length=model_max_length, chat_template=chat_template)
 
     @classmethod
     def from_huggingface(cls, path: str | os.PathLike) -> Tokenizer:

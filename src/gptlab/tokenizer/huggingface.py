@@ -129,8 +129,12 @@ def tokenizer_config(tokenizer, model_max_length: int | None = None) -> tuple[di
     return config, special_map
 
 
-def save_huggingface_dir(tokenizer, directory: str | os.PathLike, *, model_max_length: int | None = None) -> Path:
+def save_huggingface_dir(tokenizer, directory: str | os.PathLike, *, model_max_length: int | None = None,
+                         chat_template: str | None = None) -> Path:
     """Write a folder `transformers.AutoTokenizer.from_pretrained(directory)` loads with the same ids.
+
+    `chat_template` (Jinja, e.g. gptlab.chat.chat_template()) goes into tokenizer_config.json for
+    `apply_chat_template`.
 
     Other files in the folder (a model's config.json and weights) are left alone; gptlab's own
     tokenizer.json is never overwritten.
@@ -144,6 +148,8 @@ def save_huggingface_dir(tokenizer, directory: str | os.PathLike, *, model_max_l
     if target.is_file() and is_tokenizer_json(read_json(target)):
         raise GptlabError(f"{target} is gptlab's own tokenizer file; write the Hugging Face folder elsewhere")
     config, special_map = tokenizer_config(tokenizer, model_max_length)
+    if chat_template is not None:
+        config["chat_template"] = chat_template
     save_huggingface(tokenizer, target)
     atomic_write_text(directory / CONFIG_NAME, json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     atomic_write_text(directory / SPECIAL_TOKENS_MAP_NAME, json.dumps(special_map, indent=2, ensure_ascii=False) + "\n")
