@@ -36,3 +36,23 @@ def with_ctrl_c():
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture(scope="session")
+def chat_model(prepared, tmp_path_factory):
+    """A tiny untrained chat model folder (`model.safetensors`, `config.json`, `tokenizer/` with the chat tokens):
+    what `gptlab chat`, `gptlab serve` and the web chat load. Its replies are noise, but the same noise every time."""
+    import torch
+
+    from gptlab.chat import add_chat_tokens
+    from gptlab.model import GPT, preset
+    from gptlab.model.io import save_model
+    from gptlab.tokenizer import Tokenizer
+
+    folder = tmp_path_factory.mktemp("chat_model")
+    tokenizer = add_chat_tokens(Tokenizer.load(prepared / "tokenizer"))
+    torch.manual_seed(0)
+    model = GPT(preset("gpt2-tiny", vocab_size=tokenizer.vocab_size, block_size=256))
+    save_model(model, folder)
+    tokenizer.save(folder / "tokenizer")
+    return folder
