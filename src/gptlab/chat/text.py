@@ -1,0 +1,33 @@
+"""Streaming ids to text: whole characters only, as tokens arrive.
+
+A byte-level BPE token may end inside a UTF-8 character ("é" can be two tokens), so
+decoding each token on its own would print replacement characters. `TextStream`
+keeps the unfinished bytes until the character completes:
+
+    stream = TextStream(tokenizer)
+    for token in tokens:
+        print(stream.add(token), end="")   # "" while a character is incomplete
+    print(stream.flush())                  # any bytes left over, replaced if invalid
+
+Not here: generation (gptlab.infer), stop strings (gptlab.serve).
+"""
+
+from __future__ import annotations
+
+import codecs
+
+from gptlab.tokenizer import Tokenizer
+
+
+class TextStream:
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def add(self, token: int) -> str:
+        """The text that token completes (possibly empty)."""
+        return self.decoder.decode(self.tokenizer.decode_bytes([token]))
+
+    def flush(self) -> str:
+        """Whatever is left: an incomplete character at the end becomes U+FFFD."""
+        return self.decoder.decode(b"", final=True)
