@@ -276,3 +276,37 @@ def test_ddp_ranks_agree_on_the_time_limit_so_none_waits_forever(prepared, tmp_p
     step = int(lines[0].rsplit(" ", 1)[1])
     assert "time limit" in lines[0] and 0 < step < 50
     assert list_checkpoints(tmp_path / "ddp")[-1].name == f"step_{step:06d}"
+
+
+def _masking(monkeypatch):
+    """Targets ignored (-100) where the input id is even, and every target of rows starting with an id under 100:
+    micro-batches then hold different numbers of targets, some none at all."""
+    from gptlab.data.loader import ShardLoader
+
+    original = ShardLoader.next_batch
+
+    def next_batch(self):
+        x, y = original(self)
+        y = y.masked_fill(x % 2 == 0, -100)
+        return x, y.masked_fill((x[:, :1] < 100).expand_as(y), -100)
+
+    monkeypatch.setattr(ShardLoader, "next_batch", next_batch)
+
+
+def test_masked_loss_is_the_mean_over_every_counted_target_of_the_step(prepared, tmp_path, monkeypatch):
+    """Micro-batches of 1 row (some without a counted target) == one pass of 8 rows == the mean computed by hand."""
+    _masking(monkeypatch)
+    from gptlab.data.loader import LoaderConfig, ShardLoader
+
+    loader = ShardLoader(prepared / "data", "train", config=LoaderConfig(batch_size=8, seq_len=32, seed=1337))
+    x, y = loader.next_batch()
+    assert (y != -100).sum(dim=1).eq(0).any(), "the test needs a row without targets"
+    config = tiny_config(prepared, tmp_path / "one", micro_batch=8, batch_tokens=8 * 32, max_steps=2)
+    torch.manual_seed(config.seed)
+    reference = torch.nn.functional.cross_entropy(GPT(config.model)(x)[0].flatten(0, 1), y.flatten(), ignore_index=-100)
+    one = quiet(config).fit()
+    split = quiet(tiny_config(prepared, tmp_path / "split", micro_batch=1, batch_tokens=8 * 32, max_steps=2)).fit()
+    assert one.losses[0] == pytest.approx(reference.item(), rel=1e-5)
+    assert split.losses == pytest.approx(one.losses, rel=1e-5) and all(map(torch.isfinite, map(torch.tensor, split.losses)))
+    for name, tensor in final_weights(tmp_path / "one").items():
+        torch.testing.assert_close(final_weights(tmp_path / "split")[name], tensor, rtol=1e-4, atol=1e-5)

@@ -44,14 +44,15 @@ def evaluate_loss(model, loader, n_batches: int, token_bytes: torch.Tensor | Non
     device = token_bytes.device if token_bytes is not None else torch.device("cpu")
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, tokens, bpb loss sum, bytes
     for _ in tqdm(range(n_batches), desc="eval", unit="batch", disable=None if progress else True):
-        x, y = loader.next_batch()
+        x, y, *extra = loader.next_batch()  # (x, y) or (x, y, model kwargs); targets of -100 do not count
         with autocast or nullcontext():
-            logits, _ = model(x)
+            logits, _ = model(x, **(extra[0] if extra else {}))
         losses = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="none")
-        sums[0] += losses.sum().double()
-        sums[1] += losses.numel()
+        counted = y.reshape(-1) != -100
+        sums[0] += losses.sum().double()  # ignored targets give 0
+        sums[1] += counted.sum()
         if token_bytes is not None:
-            nbytes = token_bytes[y.reshape(-1)]
+            nbytes = token_bytes[y.reshape(-1).clamp(min=0)] * counted
             counted = nbytes > 0
             sums[2] += losses[counted].sum().double()
             sums[3] += nbytes.sum().double()
@@ -59,7 +60,7 @@ def evaluate_loss(model, loader, n_batches: int, token_bytes: torch.Tensor | Non
         torch.distributed.all_reduce(sums)
     if was_training:
         model.train()
-    loss = (sums[0] / sums[1]).item()
+    loss = (sums[0] / sums[1]).item() if sums[1] > 0 else float("nan")
     bpb = (sums[2] / (math.log(2) * sums[3])).item() if token_bytes is not None and sums[3] > 0 else float("nan")
     return {"loss": loss, "bpb": bpb, "tokens": int(sums[1].item())}
 

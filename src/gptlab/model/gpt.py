@@ -206,6 +206,7 @@ class GPT(nn.Module):
         targets: torch.Tensor | None = None,
         *,
         ignore_index: int = -100,
+        loss_reduction: str = "mean",
         cache=None,
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
@@ -213,7 +214,8 @@ class GPT(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) ids -> logits (B, T, vocab_size) and, with targets (B, T), the mean cross-entropy.
 
-        Targets equal to `ignore_index` do not count. For generation, `cache`
+        Targets equal to `ignore_index` do not count; `loss_reduction="sum"` gives their sum instead of
+        the mean (0, not NaN, when none counts: fine-tuning normalises over a whole step). For generation, `cache`
         (gptlab.model.cache.KVCache) holds past keys/values, `positions` (B, T)
         the position of each token (left-padded prompts start later), and
         `mask` (B, 1, T, S) bool which cached keys each query may attend to.
@@ -245,7 +247,8 @@ class GPT(nn.Module):
         logits = self.lm_head(x)[..., : self.config.vocab_size]  # padded rows are never seen
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=ignore_index)
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=ignore_index,
+                                   reduction=loss_reduction)
         return logits, loss
 
     def num_params(self, embeddings: bool = True) -> int:

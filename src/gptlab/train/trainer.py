@@ -10,7 +10,12 @@ One optimizer step:
 
 Dividing each micro-batch's mean loss by `accum` makes the accumulated
 gradient the gradient of the mean loss over the whole batch (a test checks it
-against one big batch). The model is built plain, then wrapped (torch.compile,
+against one big batch). When some targets are ignored (-100, e.g. the user's
+turns in fine-tuning), micro-batches hold different numbers of targets, so each
+one's summed loss is divided by the targets of the whole step, all micro-batches
+and ranks together: the mean over every target of the batch, however they fall.
+A loader's batch is (x, y) or (x, y, kwargs), the kwargs passed to the model
+(e.g. positions and an attention mask for packed rows). The model is built plain, then wrapped (torch.compile,
 then DDP) for the step only; evaluation, sampling and checkpoints use the plain
 module, so compile never gets in their way and checkpoints hold clean keys.
 
@@ -64,6 +69,7 @@ from gptlab.train.metrics import MetricsLog, console_line, plot_losses
 from gptlab.train.optim import build_optimizer
 from gptlab.train.schedule import learning_rate
 
+IGNORE = -100  # a target that does not count (the model's ignore_index)
 # What a run may change and still be the same run: how it is watched and where it runs, not what it computes.
 FREE_FIELDS = ("out", "log_every", "time_limit", "tensorboard", "wandb", "sample_every", "sample_tokens", "device",
                "compile", "eval_every", "eval_batches", "hellaswag_every", "hellaswag_path", "hellaswag_limit",
@@ -97,6 +103,9 @@ class TrainState:
 
 
 class Trainer:
+    command = "train"  # the command that claims its run folder
+    run_files = RUN_FILES  # what belongs to a run in its folder
+
     def __init__(
         self,
         config: TrainConfig,
@@ -126,6 +135,8 @@ class Trainer:
         self.manifest = read_manifest(config.data)
         if "train" not in self.manifest["splits"]:
             raise GptlabError(f"{config.data} has no train split")
+        self.fingerprint = self.manifest["tokenizer"]["fingerprint"]
+        self.has_val = "val" in self.manifest["splits"]
         # the tokenizer saved with the data is the default: checkpoints then carry it, and samples can be read
         self.tokenizer = load_matching_tokenizer(config.data, config.tokenizer) if config.tokenizer else data_tokenizer(config.data)
         if config.init_from:
@@ -175,8 +186,8 @@ class Trainer:
             out = Path(config.out) if config.out else _new_run_folder()
             if not config.out:
                 self.print(f"no --out given: training into {out} (pass --out {out} to resume this run)")
-            folder = claim_run_folder(out, command="train", config=dataclasses.asdict(dataclasses.replace(config, out=str(out))),
-                                      ours=RUN_FILES, free=FREE_FIELDS, force=self.force, fresh=not self.resume,
+            folder = claim_run_folder(out, command=self.command, config=dataclasses.asdict(dataclasses.replace(config, out=str(out))),
+                                      ours=self.run_files, free=FREE_FIELDS, force=self.force, fresh=not self.resume,
                                       legacy=lambda path: (path / "train_config.json").is_file())
             self.folder = folder
             resume_from = resume_point(out, self.print) if folder.status == "resume" else None
@@ -198,27 +209,33 @@ class Trainer:
             rank=self.runtime.rank,
             world_size=self.runtime.world_size,
             device=self.runtime.device,
-            fingerprint=self.manifest["tokenizer"]["fingerprint"],
+            fingerprint=self.fingerprint,
         )
 
     def _build(self) -> None:
         """Model (random or --init-from weights), optimizer, scaler, loaders, metrics: everything the loop touches."""
         config, device = self.config, self.runtime.device
         seed_everything(config.seed)
-        if config.init_from:
-            init = load_pretrained_directory(self.init_path, device=device)
-            self.model = GPT(config.model).to(device)
-            self.model.load_state_dict(init.state_dict())
-        else:
-            self.model = GPT(config.model).to(device)
+        self.model = self._make_model()
         self.optimizer = build_optimizer(self.model, config.optimizer, device.type)
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "fp16")
         self.train_loader = self._loader("train")
-        self.val_loader = self._loader("val") if "val" in self.manifest["splits"] else None
-        self.token_bytes = load_token_bytes(config.data, device) if self.val_loader is not None else None
+        self.val_loader = self._loader("val") if self.has_val else None
+        self.token_bytes = self._token_bytes() if self.val_loader is not None else None
         self.wrapped = self._wrap(self.model)
         self.cast = autocast(device, self.precision)
         self.metrics = MetricsLog(config.out, self.runtime.is_main, config.tensorboard, config.wandb, dataclasses.asdict(config))
+
+    def _make_model(self) -> GPT:
+        """The model to train: random, or the --init-from weights."""
+        model = GPT(self.config.model).to(self.runtime.device)
+        if self.config.init_from:
+            model.load_state_dict(load_pretrained_directory(self.init_path, device=self.runtime.device).state_dict())
+        return model
+
+    def _token_bytes(self) -> torch.Tensor | None:
+        """Bytes per token id, for val bits per byte."""
+        return load_token_bytes(self.config.data, self.runtime.device)
 
     def _wrap(self, model: GPT) -> torch.nn.Module:
         """compile, then DDP: the wrapped module is used for the training step only."""
@@ -297,14 +314,14 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         loss_sum = torch.zeros((), device=device)
-        for micro in range(self.accum):
-            x, y = self.train_loader.next_batch()
+        batches, weights = self._step_batches()
+        for micro, ((x, y, kwargs), weight) in enumerate(zip(batches, weights)):
             last = micro == self.accum - 1
             sync = self.wrapped.no_sync() if self.runtime.distributed and not last else nullcontext()
             with sync:
                 with self.cast:
-                    _, loss = self.wrapped(x, y)
-                loss = loss / self.accum
+                    _, loss = self.wrapped(x, y, loss_reduction="mean" if weight is None else "sum", **kwargs)
+                loss = loss / self.accum if weight is None else loss * weight
                 loss_sum += loss.detach()
                 self.scaler.scale(loss).backward()
         if self.runtime.distributed:
@@ -326,6 +343,26 @@ class Trainer:
         state.tokens += config.batch_tokens
         state.losses.append(loss_value)
         self._log_step(loss_value, lr, float(norm), time.perf_counter() - step_start)
+
+    def _step_batches(self) -> tuple[list[tuple], list[float | None]]:
+        """The step's micro-batches as (x, y, kwargs), and the factor on each one's loss.
+
+        All targets counted (pretraining): None, each micro-batch's mean / accum, as always.
+        Some ignored: 1 / (targets in the whole step, every rank) on each one's summed loss, times
+        the world size since DDP averages gradients. A micro-batch without targets adds 0, not NaN.
+        """
+        batches = []
+        for _ in range(self.accum):
+            x, y, *extra = self.train_loader.next_batch()
+            batches.append((x, y, extra[0] if extra else {}))
+        counted = torch.stack([(y != IGNORE).sum() for _, y, _ in batches]).sum()
+        if self.runtime.distributed:
+            torch.distributed.all_reduce(counted)
+        total = int(counted.item())
+        full = sum(y.numel() for _, y, _ in batches) * self.runtime.world_size
+        if total == full:
+            return batches, [None] * len(batches)
+        return batches, [self.runtime.world_size / max(total, 1)] * len(batches)
 
     def _log_step(self, loss: float, lr: float, norm: float, seconds: float) -> None:
         config, state = self.config, self.state
@@ -416,7 +453,7 @@ class Trainer:
         trainer_state = {
             "step": state.step, "tokens": state.tokens, "loader": self._gather(self.train_loader.state_dict()),
             "best_val_loss": state.best_val, "elapsed": state.elapsed_before + time.perf_counter() - self.start_time,
-            "finished": state.finished, "data": str(config.data), "tokenizer_fingerprint": self.manifest["tokenizer"]["fingerprint"],
+            "finished": state.finished, "data": str(config.data), "tokenizer_fingerprint": self.fingerprint,
             "config": dataclasses.asdict(config),
         }
         rngs = self._gather(rng_state())
@@ -437,7 +474,7 @@ class Trainer:
         if changed:
             raise GptlabError(f"{self.config.out} holds checkpoints of a run with other settings ({', '.join(changed)}); "
                               "use another --out, or --force to start over")
-        if saved.get("tokenizer_fingerprint") != self.manifest["tokenizer"]["fingerprint"]:
+        if saved.get("tokenizer_fingerprint") != self.fingerprint:
             raise GptlabError(f"the checkpoints in {self.config.out} were trained on data from another tokenizer than {self.config.data}'s")
 
     def _gather(self, value) -> list:
