@@ -2,9 +2,11 @@
 
 get the corpus -> train the tokenizer (and measure it on held-out works) ->
 tokenize the corpus into shuffled train/val shards -> train a GPT -> evaluate
-val bits per byte on the whole val split -> sample. Every artefact goes under
-`out/`: the resolved config (`config.json`, what actually ran), the tokenizer,
-the shards, checkpoints, metrics, the loss plot.
+val bits per byte on the whole val split -> sample -> fine-tune it for chat on
+the built-in tasks (held-out accuracy before and after) -> a short conversation.
+Every artefact goes under `out/`: the resolved config (`config.json`, what
+actually ran), the tokenizer, the shards, checkpoints, metrics, the loss plots,
+and the chat model (`out/sft`, for `gptlab chat` and `gptlab serve`).
 
 The folder belongs to this run (gptlab.runtime.rundir): rerunning the same
 config reuses the finished stages and resumes training; another config, or a
@@ -20,10 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gptlab.align.sft import SFTConfig, SFTResult, run_sft, sft_cpu
 from gptlab.data.corpus import corpus_files
 from gptlab.data.prepare import PrepareConfig, prepare_shards
 from gptlab.eval.loss import evaluate_split as evaluate_loss_on_split
 from gptlab.infer.generate import SamplingConfig, generate
+from gptlab.model import ModelConfig
 from gptlab.model.io import load_model
 from gptlab.runtime import GptlabError, atomic_write_text
 from gptlab.runtime.config import config_to_json
@@ -67,6 +71,7 @@ class RunConfig:
     data: DataStageConfig = field(default_factory=DataStageConfig)
     train: TrainConfig = field(default_factory=shakespeare_cpu)  # data, out and tokenizer are set by the run
     sample: SampleStageConfig = field(default_factory=SampleStageConfig)
+    sft: SFTConfig = field(default_factory=sft_cpu)  # fine-tuning for chat; init_from, out and model are set by the run
 
     def __post_init__(self) -> None:
         if self.val_every < 2:
@@ -80,9 +85,15 @@ FIXED_FIELDS = {
     "train.tokenizer": "the run trains its own tokenizer into OUT/tokenizer",
     "train.model.vocab_size": "the model's vocabulary is the run's tokenizer's; set --tokenizer.vocab-size",
     "train.init_from": "the run trains from scratch with its own tokenizer; fine-tune with `gptlab train --init-from`",
+    "sft.init_from": "the run fine-tunes the model it pretrained",
+    "sft.out": "the run fine-tunes into OUT/sft; choose the run's folder with --out",
+    "sft.tokenizer": "the run fine-tunes with its own tokenizer (plus the chat tokens)",
+    **{f"sft.model.{name.name}": "the fine-tuned model is the run's pretrained model (set --train.model.*)"
+       for name in dataclasses.fields(ModelConfig) if name.name != "dropout"},
 }
-FREE_FIELDS = ("out", "sample", *(f"train.{name}" for name in TRAIN_FREE_FIELDS))
-RUN_FILES = ("config.json", "tokenizer", "data", "train")
+FREE_FIELDS = ("out", "sample", *(f"{stage}.{name}" for stage in ("train", "sft") for name in TRAIN_FREE_FIELDS))
+RUN_FILES = ("config.json", "tokenizer", "data", "train", "sft")
+STAGES = 9
 
 
 @dataclass
@@ -94,6 +105,8 @@ class RunResult:
     train: TrainResult | None = None
     val_bpb: float | None = None
     sample: str = ""
+    sft: SFTResult | None = None
+    conversation: list[dict] = field(default_factory=list)
 
 
 def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: bool = False, force: bool = False) -> RunResult:
@@ -106,7 +119,7 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
     try:
         tokenizer, tokenizer_seconds, stats, data_dir, train_config = prepare_stages(config, folder, log, color)
         model_config = train_config.model
-        log(f"[5/7] train: {model_config.arch} {model_config.n_layer} layers x {model_config.n_embd} wide, "
+        log(f"[5/{STAGES}] train: {model_config.arch} {model_config.n_layer} layers x {model_config.n_embd} wide, "
             f"{train_config.max_steps} steps of {train_config.batch_tokens:,} tokens")
         runtime = init_runtime(train_config.device)
         trainer = Trainer(train_config, runtime=runtime, log=lambda line: log("      " + line))
@@ -121,25 +134,58 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
     if trained.losses:
         log(f"      {trained.status} in {trained.seconds:.0f} s, final train loss {trained.final_loss:.3f} -> {trained.checkpoint}")
 
-    log("[6/7] evaluate: the whole val split (the held-out works)")
+    log(f"[6/{STAGES}] evaluate: the whole val split (the held-out works)")
     model = load_model(trained.checkpoint, device=runtime.device)
     val = evaluate_split(model, train_config)
     log(f"      val loss {val['loss']:.4f} nats/token, val bits per byte {val['bpb']:.4f} ({val['tokens']:,} tokens)")
 
-    log(f"[7/7] sample: {config.sample.max_new_tokens} tokens, temperature {config.sample.temperature}, top-k {config.sample.top_k}")
+    log(f"[7/{STAGES}] sample: {config.sample.max_new_tokens} tokens, temperature {config.sample.temperature}, top-k {config.sample.top_k}")
     text = sample_text(model, tokenizer, config.sample)
     log(text)
-    log(f"done: artefacts in {out}/ (loss plot: {out / 'train' / 'loss.png'})")
+    tuned = sft_stage(config, out, train_config, trained, runtime, log)
+    conversation = conversation_stage(tuned, config.sft.task_names(), runtime, log)
+    log(f"done: artefacts in {out}/ (loss plots: {out / 'train' / 'loss.png'}, {out / 'sft' / 'loss.png'})")
+    log(f"talk to it: gptlab chat {out / 'sft'}   or serve it (OpenAI API and web chat): gptlab serve {out / 'sft'}")
     return RunResult(
         tokenizer_dir=out / "tokenizer", val_bytes_per_token=stats.bytes_per_token, train_seconds=tokenizer_seconds,
-        data_dir=data_dir, train=trained, val_bpb=val["bpb"], sample=text,
+        data_dir=data_dir, train=trained, val_bpb=val["bpb"], sample=text, sft=tuned, conversation=conversation,
     )
+
+
+def sft_stage(config: RunConfig, out: Path, train_config: TrainConfig, trained: TrainResult, runtime, log) -> SFTResult:
+    """Fine-tune the pretrained model on the built-in tasks; their held-out accuracy before and after."""
+    sft = dataclasses.replace(config.sft, init_from=str(trained.checkpoint), out=str(out / "sft"), tokenizer=str(out / "tokenizer"),
+                              model=train_config.model, device=train_config.device)
+    log(f"[8/{STAGES}] fine-tune for chat: {sft.max_steps} steps of {sft.batch_tokens:,} tokens on {sft.data}")
+    tuned = run_sft(sft, runtime=runtime, log=lambda line: log("      " + line))
+    if tuned.status == "interrupted":
+        log(f"      interrupted: rerun the same command to resume from {tuned.train.checkpoint}")
+        raise KeyboardInterrupt
+    return tuned
+
+
+def conversation_stage(tuned: SFTResult, task_names: list[str], runtime, log) -> list[dict]:
+    """A short conversation with the fine-tuned model: one held-out question of each task."""
+    from gptlab.chat import ChatFormat
+    from gptlab.data.match import find_model_tokenizer
+    from gptlab.eval.chat import sample_answers
+
+    log(f"[9/{STAGES}] chat: held-out questions the model never saw in fine-tuning")
+    model = load_model(tuned.train.checkpoint, device=runtime.device)
+    chat = ChatFormat(find_model_tokenizer(tuned.train.checkpoint))
+    turns = []
+    for name in task_names:
+        for question, response, correct in sample_answers(model, chat, name, n=1):
+            log(f"      user:      {question}")
+            log(f"      assistant: {response}   [{'correct' if correct else 'wrong'}]")
+            turns.append({"task": name, "question": question, "response": response, "correct": correct})
+    return turns
 
 
 def prepare_stages(config: RunConfig, folder: RunFolder, log, color: bool):
     """Stages 1-4: corpus, tokenizer, held-out text, data; and the training config they resolve."""
     out = folder.path
-    log(f"[1/7] corpus: {config.corpus}")
+    log(f"[1/{STAGES}] corpus: {config.corpus}")
     files = corpus_files(config.corpus)
     held_out = files[config.val_every - 1 :: config.val_every]
     train_files = [path for path in files if path not in held_out]
@@ -165,7 +211,7 @@ def _made_by_an_earlier_gptlab(out: Path) -> bool:
 def tokenizer_stage(config: RunConfig, folder: RunFolder, files: list[Path], log) -> tuple[Tokenizer, float]:
     """Train the tokenizer on the training works, or reuse the one this run already trained."""
     settings = config.tokenizer
-    log(f"[2/7] tokenizer: byte-level BPE, vocab {settings.vocab_size}, pattern {settings.pattern}")
+    log(f"[2/{STAGES}] tokenizer: byte-level BPE, vocab {settings.vocab_size}, pattern {settings.pattern}")
     directory = folder.path / "tokenizer"
     done = folder.stage("tokenizer")
     if done and (directory / "tokenizer.json").is_file():
@@ -185,7 +231,7 @@ def tokenizer_stage(config: RunConfig, folder: RunFolder, files: list[Path], log
 
 def held_out_stage(tokenizer: Tokenizer, held_out: list[Path], log, color: bool):
     """How well the tokenizer compresses the works it never saw, and that it round-trips them."""
-    log("[3/7] held-out text")
+    log(f"[3/{STAGES}] held-out text")
     texts = [path.read_text(encoding="utf-8") for path in held_out]
     tokenizer.encode(texts[0][:1000])  # warm up: the compiled encoder builds its tables on first use
     start = time.perf_counter()
@@ -203,7 +249,7 @@ def held_out_stage(tokenizer: Tokenizer, held_out: list[Path], log, color: bool)
 
 def data_stage(config: RunConfig, tokenizer: Tokenizer, train_files: list[Path], held_out: list[Path], out: Path, log) -> Path:
     """Shards of the training works (shuffled) and, as the val split, exactly the held-out works."""
-    log(f"[4/7] data: the training works into shuffled shards; the {len(held_out)} held-out works are the val split")
+    log(f"[4/{STAGES}] data: the training works into shuffled shards; the {len(held_out)} held-out works are the val split")
     data_dir = out / "data"
     prepare_config = PrepareConfig(val=0, shard_tokens=config.data.shard_tokens, seed=config.data.seed, progress=False)
     prepared = prepare_shards([str(path) for path in train_files], tokenizer, data_dir, prepare_config,

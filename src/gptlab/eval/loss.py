@@ -38,13 +38,17 @@ def load_token_bytes(directory: str | Path, device: torch.device | str = "cpu") 
 @torch.no_grad()
 def evaluate_loss(model, loader, n_batches: int, token_bytes: torch.Tensor | None = None, autocast=None,
                   progress: bool = False) -> dict:
-    """Mean loss (nats/token) and bits per byte over `n_batches` batches of `loader` (`progress`: a bar with an ETA)."""
+    """Mean loss (nats/token) and bits per byte over `n_batches` batches of `loader` (`progress`: a bar with an ETA),
+    or all it has when it runs out first."""
     was_training = model.training
     model.eval()
     device = token_bytes.device if token_bytes is not None else torch.device("cpu")
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, tokens, bpb loss sum, bytes
     for _ in tqdm(range(n_batches), desc="eval", unit="batch", disable=None if progress else True):
-        x, y, *extra = loader.next_batch()  # (x, y) or (x, y, model kwargs); targets of -100 do not count
+        try:
+            x, y, *extra = loader.next_batch()  # (x, y) or (x, y, model kwargs); targets of -100 do not count
+        except StopIteration:  # a loader that serves one pass (held-out conversations) may hold fewer batches
+            break
         with autocast or nullcontext():
             logits, _ = model(x, **(extra[0] if extra else {}))
         losses = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="none")

@@ -237,6 +237,10 @@ class Trainer:
         """Bytes per token id, for val bits per byte."""
         return load_token_bytes(self.config.data, self.runtime.device)
 
+    def _task_every(self) -> int:
+        """Steps between the task_fn's evaluations (0: never)."""
+        return self.config.hellaswag_every
+
     def _wrap(self, model: GPT) -> torch.nn.Module:
         """compile, then DDP: the wrapped module is used for the training step only."""
         wrapped: torch.nn.Module = model
@@ -383,7 +387,7 @@ class Trainer:
         before_end = step < config.max_steps
         if config.eval_every and step % config.eval_every == 0 and before_end and not out_of_time:
             self._evaluate()
-        if self.task_fn and config.hellaswag_every and step % config.hellaswag_every == 0:
+        if self.task_fn and self._task_every() and step % self._task_every() == 0:
             self._run_tasks()
         if config.sample_every and step % config.sample_every == 0 and before_end:
             self._sample()
@@ -445,7 +449,8 @@ class Trainer:
         state.best_val = result["loss"] if state.best_val is None else min(state.best_val, result["loss"])
         state.val = result
         self.metrics.log({"step": state.step, "val_loss": result["loss"], "val_bpb": result["bpb"]})
-        self.print(f"step {state.step:>6}: val loss {result['loss']:.4f}, val bpb {result['bpb']:.4f} ({result['tokens']:,} tokens)")
+        bpb = f", val bpb {result['bpb']:.4f}" if math.isfinite(result["bpb"]) else ""
+        self.print(f"step {state.step:>6}: val loss {result['loss']:.4f}{bpb} ({result['tokens']:,} tokens)")
 
     def _save(self, val_loss: float | None) -> Path | None:
         """A checkpoint of this step (rank 0 writes; every rank contributes its loader and RNG state)."""

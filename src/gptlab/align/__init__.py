@@ -1,0 +1,1 @@
+"""Alignment: supervised fine-tuning on conversations (and, later, DPO and GRPO), built on gptlab.train."""

@@ -1,0 +1,209 @@
+"""Supervised fine-tuning (SFT): a base model learns to answer in the chat format.
+
+    gptlab sft --init runs/shakespeare/train --data "task:arithmetic[n=20000], chats.jsonl@2" --out runs/sft
+
+The pretraining Trainer runs underneath, unchanged: checkpoints, exact resume,
+DDP, bf16, compile, metrics and the loss plot. What differs is the data and the
+start: the base model's tokenizer gains the chat tokens (gptlab.chat.format),
+the model's embedding and output rows grow for them (gptlab.model.resize), and
+batches are rendered conversations whose targets are the assistant's tokens only
+(gptlab.chat.loader), packed several to a row or padded one per row. The loss
+is the mean over every assistant token of the step, however they fall into
+micro-batches and ranks (gptlab.train.trainer).
+
+Evaluation: val loss on held-out conversations (`val_fraction` of every file and
+dataset, the `test` split of every task), and accuracy on the tasks' held-out
+examples by greedy generation and their verifiers (gptlab.eval.chat).
+
+Not here: reading sources (gptlab.chat.data), the loop itself (gptlab.train).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from gptlab.chat import ChatFormat, add_chat_tokens
+from gptlab.chat.data import Mixture, MixtureConfig
+from gptlab.chat.loader import ConversationLoader, ConversationLoaderConfig
+from gptlab.data.match import find_model_tokenizer
+from gptlab.model import GPT
+from gptlab.model.hf import load_pretrained_directory, pretrained_path, read_pretrained_config
+from gptlab.model.resize import grow_vocab
+from gptlab.runtime import GptlabError
+from gptlab.runtime.device import resolve_precision
+from gptlab.tokenizer.pretrained import load_any
+from gptlab.train.checkpoint import find_checkpoint
+from gptlab.train.config import TrainConfig
+from gptlab.train.optim import OptimizerConfig
+from gptlab.train.schedule import ScheduleConfig
+from gptlab.train.trainer import RUN_FILES, Trainer, TrainResult
+
+
+@dataclass(frozen=True, kw_only=True)
+class SFTConfig(TrainConfig):
+    """TrainConfig's fields (data is a mixture spec, init_from the base model), and these."""
+
+    val_fraction: float = 0.05  # held out of every file and dataset for val loss (tasks: their test split)
+    on_error: str = "skip"  # malformed conversations: skip (counted, reported) | refuse (stop at the first)
+    rows: str = "pack"  # pack (several conversations per row, each seeing only itself) | pad (one per row)
+    tasks: str = "auto"  # built-in tasks whose held-out accuracy is measured (auto: the mixture's task: parts; none)
+    task_every: int = 0  # steps between task accuracy evaluations (0: only before and after)
+    task_examples: int = 100  # held-out examples per task and evaluation
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.rows not in ("pack", "pad"):
+            raise GptlabError(f"unknown rows {self.rows!r}; use pack or pad")
+        if self.task_every < 0 or self.task_examples < 1:
+            raise GptlabError(f"task_every must be 0 or more and task_examples at least 1, got {self.task_every}, {self.task_examples}")
+
+    def task_names(self) -> list[str]:
+        if self.tasks == "none":
+            return []
+        if self.tasks == "auto":
+            names = [part.source.removeprefix("task:") for part in MixtureConfig.from_spec(self.data).parts
+                     if part.source.startswith("task:")]
+            return list(dict.fromkeys(names))
+        return [name.strip() for name in self.tasks.split(",") if name.strip()]
+
+
+def sft_cpu() -> SFTConfig:
+    """Minutes on 2 CPU cores: the demo's fine-tuning of its Shakespeare model on the built-in tasks."""
+    return SFTConfig(
+        data="task:arithmetic[n=20000], task:spelling[n=20000], task:sorting[n=20000]",
+        optimizer=OptimizerConfig(lr=1e-3, weight_decay=0.0, betas=(0.9, 0.95)),
+        schedule=ScheduleConfig(kind="cosine", warmup_steps=10, min_lr_ratio=0.0),
+        batch_tokens=4096,
+        micro_batch=32,
+        seq_len=128,
+        max_steps=150,
+        eval_every=50,
+        eval_batches=10,
+        checkpoint_every=100,
+    )
+
+
+SFT_PRESETS = {"sft-cpu": sft_cpu}
+
+
+class SFTTrainer(Trainer):
+    """The Trainer with conversations for data and a grown base model for a start (see the module docstring)."""
+
+    command = "sft"
+    run_files = RUN_FILES
+
+    def _check_before_compute(self, config: SFTConfig) -> SFTConfig:
+        if not config.init_from:
+            raise GptlabError("fine-tuning starts from a model: pass --init CHECKPOINT (a run, checkpoint or model folder)")
+        if not config.data:
+            raise GptlabError("no conversations: pass --data SOURCES, e.g. chats.jsonl or task:arithmetic")
+        self.init_path = find_checkpoint(config.init_from) or pretrained_path(config.init_from)
+        base = load_any(config.tokenizer) if config.tokenizer else find_model_tokenizer(self.init_path)
+        if base is None:
+            raise GptlabError(f"no tokenizer saved with {config.init_from}; pass --tokenizer DIR (the one it was trained with)")
+        init = read_pretrained_config(self.init_path)
+        if base.vocab_size > init.vocab_size:
+            raise GptlabError(f"the tokenizer has {base.vocab_size:,} ids but {config.init_from} only {init.vocab_size:,}: "
+                              "is it the model's tokenizer? pass the right one with --tokenizer")
+        self.base_vocab = base.vocab_size
+        self.tokenizer = add_chat_tokens(base)
+        self.chat = ChatFormat(self.tokenizer)
+        self.fingerprint = self.tokenizer.fingerprint()
+        model = dataclasses.replace(init, vocab_size=max(init.vocab_size, self.tokenizer.vocab_size), dropout=config.model.dropout)
+        config = dataclasses.replace(config, model=model)  # seq_len is checked against the base model's context here
+        self.mixtures = load_mixtures(config, self.print)
+        self.has_val = "val" in self.mixtures
+        self.accum = config.accumulation_steps(self.runtime.world_size)
+        self.precision = resolve_precision(config.precision, self.runtime.device)
+        return self._shorten_warmup(config)
+
+    def _make_model(self) -> GPT:
+        """The base model with rows for the chat tokens, each new one the mean of the trained rows."""
+        base = load_pretrained_directory(self.init_path, device=self.runtime.device)
+        return grow_vocab(base, self.config.model.vocab_size, new_from=self.base_vocab).to(self.runtime.device)
+
+    def _loader(self, split: str) -> ConversationLoader:
+        config = self.config
+        return ConversationLoader(
+            self.mixtures[split], self.chat,
+            config=ConversationLoaderConfig(batch_size=config.micro_batch, seq_len=config.seq_len, mode=config.rows,
+                                            cycle=split == "train"),
+            rank=self.runtime.rank, world_size=self.runtime.world_size, device=self.runtime.device,
+        )
+
+    def _token_bytes(self) -> torch.Tensor | None:
+        return None  # bits per byte of assistant turns says little; val loss is reported
+
+    def _task_every(self) -> int:
+        return self.config.task_every
+
+
+def load_mixtures(config: SFTConfig, log: Callable[[str], None]) -> dict[str, Mixture]:
+    """The train mixture and the held-out one (when val_fraction or a task gives one), their reports logged."""
+    mixture_config = MixtureConfig.from_spec(config.data, seed=config.seed, val_fraction=config.val_fraction,
+                                             on_error=config.on_error)
+    mixtures = {"train": Mixture.load(mixture_config, "train")}
+    if config.val_fraction > 0:
+        mixtures["val"] = Mixture.load(mixture_config, "val")
+    for report in mixtures["train"].reports:
+        log(report.summary())
+    return mixtures
+
+
+def chat_sampler(question: str, max_new_tokens: int = 64) -> Callable[[GPT, object], str]:
+    """(model, tokenizer) -> the model's greedy answer to `question`, for the trainer's periodic samples."""
+    from gptlab.infer.generate import SamplingConfig, generate
+
+    def sample(model: GPT, tokenizer) -> str:
+        chat = ChatFormat(tokenizer)
+        prompt = chat.prompt([{"role": "user", "content": question}])
+        room = min(max_new_tokens, model.config.block_size - len(prompt))
+        config = SamplingConfig(max_new_tokens=max(room, 1), temperature=0, stop_tokens=chat.stop_tokens,
+                                vocab_size=tokenizer.vocab_size)
+        (ids,) = generate(model, [prompt], config, truncate=True)
+        return f"{question!r} -> {tokenizer.decode(ids)!r}"
+
+    return sample
+
+
+@dataclass
+class SFTResult:
+    train: TrainResult
+    before: dict[str, float] = field(default_factory=dict)  # task accuracies of the base model (grown, untuned)
+    after: dict[str, float] = field(default_factory=dict)  # ... and of the fine-tuned one
+    rows: dict[str, int] = field(default_factory=dict)  # the train loader's counts: conversations, truncated, dropped, ...
+
+    @property
+    def status(self) -> str:
+        return self.train.status
+
+
+def run_sft(config: SFTConfig, *, runtime=None, log: Callable[[str], None] = print, resume: bool = True,
+            force: bool = False) -> SFTResult:
+    """Fine-tune, with held-out task accuracy before and after (every rank calls this under torchrun)."""
+    from gptlab.eval.chat import task_accuracy_fn
+
+    names = config.task_names()
+    trainer = SFTTrainer(config, runtime=runtime, log=log, resume=resume, force=force,
+                         sample_fn=chat_sampler("What is 12 + 7?") if "arithmetic" in names else None)
+    tasks = task_accuracy_fn(trainer.chat, names, config.task_examples) if names else None
+    trainer.task_fn = tasks
+    before = {}
+    if tasks is not None:
+        base = load_pretrained_directory(trainer.init_path, device=trainer.runtime.device)
+        before = tasks(grow_vocab(base, trainer.config.model.vocab_size, new_from=trainer.base_vocab))
+    result = trainer.fit()
+    after = tasks(trainer.model) if tasks is not None and result.status != "interrupted" else {}
+    rows = dict(trainer.train_loader.stats) if hasattr(trainer, "train_loader") else {}
+    if trainer.runtime.is_main:
+        if rows.get("truncated") or rows.get("dropped"):
+            log(f"conversations longer than seq_len {config.seq_len}: {rows['truncated']} cut at a turn boundary, "
+                f"{rows['dropped']} dropped (of {rows['conversations']} served)")
+        for key in after:
+            log(f"{key}: {before.get(key, float('nan')):.3f} before fine-tuning -> {after[key]:.3f} after")
+        log(f"{result.status} after {result.steps} steps in {result.seconds:.0f} s; checkpoint {result.checkpoint}")
+    return SFTResult(result, before, after, rows)

@@ -1,0 +1,71 @@
+"""`gptlab sft`: supervised fine-tuning of a base model on conversations.
+
+    gptlab sft --init runs/shakespeare/train --data "task:arithmetic[n=20000], chats.jsonl" --out runs/sft
+
+A preset (sft-cpu), then dotted overrides as in `gptlab train` (--max-steps 300
+--optimizer.lr 5e-4 --rows pad). The model's settings come from --init; the
+held-out task accuracy is printed before and after. Rerunning the same command
+resumes; under torchrun every rank runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+DEFAULT_PRESET = "sft-cpu"
+
+
+def register(stages) -> None:
+    from gptlab.align.sft import SFT_PRESETS
+    from gptlab.runtime.config import describe_fields
+
+    parser = stages.add_parser(
+        "sft",
+        help="fine-tune a model on conversations (chat format, loss on the assistant's tokens)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Supervised fine-tuning: the base model gains the chat tokens and learns from conversations "
+        "(JSONL in the OpenAI messages format, hf:DATASET, built-in task:NAME; see gptlab.chat.data for mixtures).",
+        epilog=f"config fields (dotted, --key value; defaults of the {DEFAULT_PRESET} preset):\n"
+        + describe_fields(SFT_PRESETS[DEFAULT_PRESET](), skip={"init_from": "", "model": ""}),
+    )
+    parser.add_argument("--init", required=True, metavar="MODEL", help="the base model: a run, checkpoint or model folder")
+    parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(SFT_PRESETS), help=f"{DEFAULT_PRESET} (default)")
+    parser.add_argument("--no-resume", action="store_true", help="start from step 0; refused if --out holds a run (see --force)")
+    parser.add_argument("--force", action="store_true", help="start over: first clear the run in --out (its own files only)")
+    parser.set_defaults(handler=run, accepts_overrides=True)
+
+
+def resolve_config(args: argparse.Namespace):
+    """The preset with the overrides; seq_len shortened to the base model's context when the preset's is longer."""
+    from gptlab.align.sft import SFT_PRESETS
+    from gptlab.cli.common import model_path
+    from gptlab.model.hf import read_pretrained_config
+    from gptlab.runtime import GptlabError
+    from gptlab.runtime.config import apply_overrides, parse_overrides
+
+    given = dict(parse_overrides(args.overrides))
+    for key in given:
+        if key == "init_from" or (key.startswith("model.") and key != "model.dropout"):
+            raise GptlabError(f"--{key.replace('_', '-')}: the model is the one --init names; drop it")
+    base = SFT_PRESETS[args.preset]()
+    init = read_pretrained_config(model_path(args.init))
+    defaults = {"init_from": args.init, **{f"model.{key}": value for key, value in dataclasses.asdict(init).items()}}
+    if "seq_len" not in given and base.seq_len > init.block_size:
+        defaults["seq_len"] = init.block_size
+        if "batch_tokens" not in given and "micro_batch" not in given:
+            defaults["micro_batch"] = base.batch_tokens // init.block_size
+    return apply_overrides(base, args.overrides, defaults=defaults)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gptlab.align.sft import run_sft
+    from gptlab.runtime.device import init_runtime, shutdown_runtime
+
+    config = resolve_config(args)
+    runtime = init_runtime(config.device)
+    try:
+        result = run_sft(config, runtime=runtime, resume=not args.no_resume, force=args.force)
+    finally:
+        shutdown_runtime(runtime)
+    return 0 if result.status != "interrupted" else 130
