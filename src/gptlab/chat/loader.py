@@ -14,14 +14,14 @@ conversations, and on padding.
   loss equals its loss alone. The padding is one more block that sees itself, since a query row
   with no key allowed makes SDPA return NaN.
 
-Row r of the world's stream belongs to rank r mod world_size: rank r reads positions r, r + W,
-r + 2W, ... of each mixture epoch, so ranks never share a conversation. The stream cycles
+Conversation i of a mixture epoch belongs to rank i mod world_size: rank r reads positions r, r + W,
+r + 2W, ... of each epoch's order and packs its own rows, so ranks never share a conversation. The stream cycles
 through epochs (each reshuffled by gptlab.chat.data.Mixture); with cycle=False it stops after one
 epoch, the last batch holding the rows that are left (for validation).
 
 A conversation longer than seq_len + 1 tokens is cut after its last whole assistant message that
-fits, or dropped when even the first assistant message does not; `stats` counts conversations
-served, truncated and dropped, tokens and target tokens. The state (epoch, position, the
+fits, or dropped when even the first assistant message does not; `stats` counts, on this rank,
+conversations served, truncated and dropped, their tokens and their target tokens (y != -100). The state (epoch, position, the
 buffer's conversations as (epoch, position) pairs, stats) is plain JSON: a fresh loader given it
 serves exactly the batches the saved one would have.
 
