@@ -6,7 +6,8 @@ A source is named by one string, the first argument of `gptlab data prepare`:
     data/*.txt  notes.txt  books/            local files, globs, directories (searched for .txt/.jsonl/.parquet)
     hf:roneneldan/TinyStories                a Hugging Face dataset, streamed
     hf:HuggingFaceFW/fineweb-edu:sample-10BT a dataset and its config
-    hf:/path/to/local/dataset                a local dataset directory, through the same `datasets` code path
+    hf:/path/to/local/dataset                a local dataset directory (data files, or save_to_disk's output),
+                                             through the same `datasets` code path
 
 .txt: a document per file, or documents split on `separator`. .jsonl: a JSON
 object per line, its `text_field`. .parquet: the `text_field` column. Every
@@ -321,7 +322,10 @@ class HuggingFaceSource(Source):
             if not os.path.exists(self.name):
                 _check_hub_reachable(self.name)
             try:
-                self._dataset = datasets.load_dataset(self.name, self.config, split=self.options.split, streaming=True)
+                if _saved_to_disk(self.name):
+                    self._dataset = self._load_saved(datasets)
+                else:
+                    self._dataset = datasets.load_dataset(self.name, self.config, split=self.options.split, streaming=True)
             except (ConnectionError, OSError, ValueError, FileNotFoundError) as error:
                 raise GptlabError(self._explain(error)) from None
             except Exception as error:  # datasets/huggingface_hub raise their own types for hub failures
@@ -330,22 +334,40 @@ class HuggingFaceSource(Source):
                 raise
         return self._dataset
 
+    def _load_saved(self, datasets):
+        """A directory from `Dataset.save_to_disk` (or a DatasetDict's, whose split is chosen here), memory-mapped."""
+        dataset = datasets.load_from_disk(self.name)
+        if isinstance(dataset, datasets.DatasetDict):
+            if self.options.split not in dataset:
+                raise GptlabError(f"dataset {self.name!r} has no split {self.options.split!r} (it has: {', '.join(dataset)})")
+            dataset = dataset[self.options.split]
+        return dataset
+
     def _explain(self, error: Exception) -> str:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         where = "the local dataset" if os.path.exists(self.name) else "the Hugging Face hub (is it reachable from here?)"
         config = f" config {self.config!r}" if self.config else ""
         return f"cannot load dataset {self.name!r}{config} split {self.options.split!r} from {where}: {first}"
 
+    def records(self) -> Iterator[dict]:
+        """The dataset's rows as dicts of every column, in order (chat data reads its `messages` column here)."""
+        yield from self._load()
+
     def __iter__(self) -> Iterator[str]:
-        dataset = self._load()
         name = self.options.text_field
-        for number, record in enumerate(dataset):
+        for number, record in enumerate(self.records()):
             if name not in record:
                 raise GptlabError(f"dataset {self.name!r} record {number}: no {name!r} column (it has: {', '.join(record)}; choose with --text-field)")
             text = record[name]
             if isinstance(text, bytes):
                 text = self._decode(text)
             yield text if text is not None else ""
+
+
+def _saved_to_disk(name: str) -> bool:
+    """Whether a local directory was written by `datasets`' save_to_disk, which load_dataset refuses to read."""
+    path = Path(name)
+    return path.is_dir() and any((path / marker).is_file() for marker in ("state.json", "dataset_dict.json"))
 
 
 def _check_hub_reachable(name: str) -> None:

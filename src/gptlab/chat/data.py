@@ -1,0 +1,449 @@
+"""SFT conversations: read from files, datasets and built-in tasks, checked, mixed with epochs, split for validation.
+
+A source is named by one string, like the data stage's:
+
+    chats.jsonl  data/*.jsonl  chats/         JSONL in the OpenAI format, a conversation per line:
+                                              {"messages": [{"role": "user", "content": "..."}, ...]}
+    hf:HuggingFaceTB/smol-smoltalk            a Hugging Face dataset's `messages` column (gptlab.data.sources)
+    hf:/path/to/dataset                       a local dataset directory (parquet/jsonl files, or save_to_disk)
+    task:arithmetic[n=5000]                   a built-in task (gptlab.chat.tasks): n examples of its train split
+
+A mixture is comma-separated parts, each `SOURCE[OPTIONS][@EPOCHS]`:
+
+    chats.jsonl                                   every conversation once per epoch
+    identity.jsonl@2, hf:HuggingFaceTB/smol-smoltalk[n=10000]
+                                                  identity twice, and the first 10,000 smoltalk rows once
+    task:arithmetic[n=5000]@0.5, chats.jsonl      a seeded half of 5,000 arithmetic problems (redrawn each epoch)
+    hf:org/name:config[split=train,column=conversations]
+
+Options in brackets: `n` (read only the first N valid conversations; for a task, N examples), `split`
+(a dataset's or task's split, default train) and `column` (a dataset's column, default messages).
+`@EPOCHS` is how often the part is seen per mixture epoch, and so its weight: a part's share of the
+mixture is epochs × conversations. Fractional epochs take a seeded subset. The whole epoch is
+shuffled from (seed, epoch), so the order is a pure function of the seed and the position in it.
+
+Validation: with `val_fraction` f, each file or dataset part holds out ceil(f × its conversations),
+drawn with a seed made from the source's name (the same held-out set whatever the training seed);
+a task's held-out conversations are ceil(f × n) examples of its `test` split (at most the whole split).
+
+Malformed conversations (bad JSON, no `messages`, an unknown role, empty content, no assistant turn:
+the rules of gptlab.chat.format.check_messages) are named by file:line or dataset row. With
+on_error="skip" they are skipped and counted, the report showing the first few; with "refuse"
+the first one raises.
+
+Not here: rendering and batching (gptlab.chat.format, gptlab.chat.loader), the tasks themselves
+(gptlab.chat.tasks), document sources for pretraining (gptlab.data.sources).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from gptlab.chat.format import check_messages
+from gptlab.data.sources import HuggingFaceSource, SourceOptions, find_files
+from gptlab.runtime import GptlabError
+
+ON_ERROR = ("skip", "refuse")
+SHOWN_PROBLEMS = 5  # malformed conversations a report lists; the rest are only counted
+OPTIONS = ("n", "split", "column")
+_PART = re.compile(r"^(?P<source>[^\[\]@]+?)\s*(\[(?P<options>[^\]]*)\])?\s*(@(?P<epochs>[^@\[\]]+))?$")
+
+Conversation = list[dict]  # [{"role": ..., "content": ...}, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartConfig:
+    """One source of a mixture."""
+
+    source: str  # a file, glob or folder of .jsonl, hf:NAME[:CONFIG], hf:/local/dir or task:NAME
+    epochs: float = 1.0  # passes per mixture epoch; a fraction takes a seeded subset
+    n: int | None = None  # only the first n valid conversations (a task: n examples); None: all
+    split: str = "train"  # a dataset's or task's split
+    column: str = "messages"  # a dataset's column of messages
+
+    def __post_init__(self) -> None:
+        if not self.source:
+            raise GptlabError("a mixture part needs a source: a .jsonl file, hf:DATASET or task:NAME")
+        if not (isinstance(self.epochs, (int, float)) and math.isfinite(self.epochs) and self.epochs > 0):
+            raise GptlabError(f"{self.source}: epochs must be a number above 0, got {self.epochs!r}")
+        if self.n is not None and self.n < 1:
+            raise GptlabError(f"{self.source}: n must be at least 1, got {self.n}")
+
+    @property
+    def kind(self) -> str:
+        """"task", "hf" or "files"."""
+        if self.source.startswith("task:"):
+            return "task"
+        return "hf" if self.source.startswith("hf:") else "files"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixtureConfig:
+    """Conversations for SFT: the parts, the shuffle seed, the held-out fraction and what to do with bad rows."""
+
+    parts: tuple[PartConfig, ...]
+    seed: int = 0  # shuffles each epoch and draws fractional epochs
+    val_fraction: float = 0.0  # held out of every part for validation (see the module docstring)
+    on_error: str = "skip"  # malformed conversations: "skip" (count and report) or "refuse" (raise)
+
+    def __post_init__(self) -> None:
+        if not self.parts:
+            raise GptlabError("a mixture needs at least one source, e.g. chats.jsonl or task:arithmetic")
+        if self.on_error not in ON_ERROR:
+            raise GptlabError(f"on_error must be one of {', '.join(ON_ERROR)}, got {self.on_error!r}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise GptlabError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.seed < 0:
+            raise GptlabError(f"seed must be 0 or more, got {self.seed}")
+
+    @classmethod
+    def from_spec(cls, spec: str, **fields) -> MixtureConfig:
+        """The config for a spec string (`a.jsonl@2, task:arithmetic[n=500]`) and the other fields."""
+        return cls(parts=parse_mixture(spec), **fields)
+
+
+def parse_mixture(spec: str) -> tuple[PartConfig, ...]:
+    """Parts from a spec string (module docstring): "a.jsonl@2, task:x[n=50]" ->
+    (PartConfig(source="a.jsonl", epochs=2.0), PartConfig(source="task:x", n=50))."""
+    parts = []
+    for text in _split_outside_brackets(spec):
+        match = _PART.match(text.strip())
+        if not match:
+            raise GptlabError(f"cannot read mixture part {text.strip()!r}: write SOURCE[n=N,split=S,column=C]@EPOCHS")
+        fields: dict = {"source": match["source"].strip()}
+        if match["epochs"] is not None:
+            try:
+                fields["epochs"] = float(match["epochs"])
+            except ValueError:
+                raise GptlabError(f"{text.strip()}: epochs after @ must be a number, got {match['epochs']!r}") from None
+        fields.update(_parse_options(text.strip(), match["options"] or ""))
+        parts.append(PartConfig(**fields))
+    if not parts:
+        raise GptlabError(f"empty mixture {spec!r}: name a .jsonl file, hf:DATASET or task:NAME")
+    return tuple(parts)
+
+
+def _split_outside_brackets(spec: str) -> list[str]:
+    pieces, depth, current = [], 0, ""
+    for char in spec:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            pieces.append(current)
+            current = ""
+        else:
+            current += char
+    pieces.append(current)
+    return [piece for piece in pieces if piece.strip()]
+
+
+def _parse_options(part: str, text: str) -> dict:
+    options = {}
+    for item in filter(None, (piece.strip() for piece in text.split(","))):
+        key, equals, value = (piece.strip() for piece in item.partition("="))
+        if not equals or key not in OPTIONS or not value:
+            raise GptlabError(f"{part}: unknown option {item!r}; options are n=N, split=NAME, column=NAME")
+        if key == "n":
+            if not value.isdigit():
+                raise GptlabError(f"{part}: n must be a whole number, got {value!r}")
+            options["n"] = int(value)
+        else:
+            options[key] = value
+    return options
+
+
+# ---------------------------------------------------------------- reading one source
+
+
+@dataclass
+class SourceReport:
+    """What reading one source found: rows read, conversations kept, malformed ones skipped (the first few named)."""
+
+    source: str
+    read: int = 0
+    kept: int = 0
+    skipped: int = 0
+    problems: list[str] = field(default_factory=list)  # "chats.jsonl:7: message 1 has unknown role 'bot'; ..."
+    train: int = 0
+    val: int = 0
+
+    def summary(self) -> str:
+        """One line, and a line for each problem shown."""
+        line = f"{self.source}: {self.kept:,} conversations ({self.train:,} train, {self.val:,} val)"
+        if self.skipped:
+            line += f", {self.skipped:,} malformed skipped"
+            line += "".join(f"\n  {problem}" for problem in self.problems)
+            if self.skipped > len(self.problems):
+                line += f"\n  ... and {self.skipped - len(self.problems):,} more"
+        return line
+
+
+class _Reader:
+    """Collects valid conversations from (where, record) pairs under an on_error policy."""
+
+    def __init__(self, part: PartConfig, on_error: str) -> None:
+        self.part, self.on_error = part, on_error
+        self.report = SourceReport(part.source)
+        self.conversations: list[Conversation] = []
+
+    @property
+    def full(self) -> bool:
+        return self.part.n is not None and len(self.conversations) >= self.part.n
+
+    def add(self, where: str, messages: object, problem: str | None = None) -> None:
+        """Keep `messages` if they make a training conversation, else record the problem at `where`."""
+        self.report.read += 1
+        if problem is None:
+            try:
+                check_messages(messages)  # type: ignore[arg-type]
+            except GptlabError as error:
+                problem = str(error)
+        if problem is not None:
+            if self.on_error == "refuse":
+                raise GptlabError(f"{where}: {problem} (on_error='skip' skips malformed conversations)")
+            self.report.skipped += 1
+            if len(self.report.problems) < SHOWN_PROBLEMS:
+                self.report.problems.append(f"{where}: {problem}")
+            return
+        self.conversations.append([{"role": m["role"], "content": m["content"]} for m in messages])  # type: ignore[union-attr]
+        self.report.kept += 1
+
+
+def read_conversations(part: PartConfig, *, on_error: str = "skip") -> tuple[list[Conversation], SourceReport]:
+    """The valid conversations of a file or dataset part, in source order, and the report of what was skipped."""
+    if on_error not in ON_ERROR:
+        raise GptlabError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
+    reader = _Reader(part, on_error)
+    if part.kind == "task":
+        raise GptlabError(f"{part.source} is a task: read it with read_task")
+    if part.kind == "hf":
+        _read_dataset(part, reader)
+    else:
+        if part.split != "train" or part.column != "messages":
+            raise GptlabError(f"{part.source}: split and column are options of hf: datasets, not of .jsonl files")
+        for path in _jsonl_files(part.source):
+            _read_jsonl(path, reader)
+            if reader.full:
+                break
+    return reader.conversations, reader.report
+
+
+def _jsonl_files(spec: str) -> list[Path]:
+    """A file, a glob or a folder (its .jsonl files, recursively), in a stable order; only .jsonl."""
+    path = Path(spec)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*.jsonl") if p.is_file())
+        if not files:
+            raise GptlabError(f"folder {spec} holds no .jsonl files of conversations")
+        return files
+    files = find_files([spec])
+    wrong = [str(file) for file in files if file.suffix != ".jsonl"]
+    if wrong:
+        raise GptlabError(f"{wrong[0]}: conversations are read from .jsonl files ({{\"messages\": [...]}} per line)")
+    return files
+
+
+def _read_jsonl(path: Path, reader: _Reader) -> None:
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if reader.full:
+                return
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            if number == 1 and line.startswith(b"\xef\xbb\xbf"):
+                line = line[3:]  # a UTF-8 byte-order mark from a Windows editor
+            try:
+                record = json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError:
+                reader.add(where, None, "not UTF-8 text")
+                continue
+            except json.JSONDecodeError as error:
+                reader.add(where, None, f"not valid JSON ({error.msg})")
+                continue
+            if not isinstance(record, dict) or "messages" not in record:
+                reader.add(where, None, 'no "messages" field (each line is {"messages": [{"role": ..., "content": ...}]})')
+                continue
+            reader.add(where, record["messages"])
+
+
+def _read_dataset(part: PartConfig, reader: _Reader) -> None:
+    source = HuggingFaceSource(part.source, SourceOptions(text_field=part.column, split=part.split))
+    source.check()  # the column exists, when the dataset declares its columns
+    for row, record in enumerate(source.records()):
+        if reader.full:
+            return
+        if part.column not in record:
+            raise GptlabError(f"{part.source} row {row}: no {part.column!r} column (it has: {', '.join(record)}; choose with [column=NAME])")
+        reader.add(f"{part.source} row {row}", record[part.column])
+
+
+def load_task(name: str):
+    """The built-in task called `name` (gptlab.chat.tasks.get_task)."""
+    try:
+        from gptlab.chat.tasks import get_task
+    except ModuleNotFoundError as error:
+        if error.name != "gptlab.chat.tasks":
+            raise
+        raise GptlabError(f"task:{name}: this gptlab has no built-in tasks (gptlab.chat.tasks)") from None
+    return get_task(name)
+
+
+def read_task(part: PartConfig, split: str, n: int | None, *, on_error: str = "skip") -> tuple[list[Conversation], SourceReport]:
+    """n examples of a task's split as conversations, checked like any other source. The test split is
+    finite: n is capped at its size, and None means all of it; the train split needs n."""
+    name = part.source[len("task:") :]
+    if not name:
+        raise GptlabError("task: needs a name, e.g. task:arithmetic")
+    if part.column != "messages":
+        raise GptlabError(f"{part.source}: column is an option of hf: datasets, not of tasks")
+    task = load_task(name)
+    size = getattr(task, "test_size", None) if split == "test" else None
+    if n is None and size is None:
+        raise GptlabError(f"{part.source}: say how many {split} examples to make, e.g. {part.source}[n=5000]")
+    if size is not None:
+        n = size if n is None else min(n, size)
+    reader = _Reader(replace(part, n=None), on_error)
+    for number, example in enumerate(task.examples(split, n)):
+        reader.add(f"{part.source} {split} example {number}", task.conversation(example))
+    return reader.conversations, reader.report
+
+
+# ---------------------------------------------------------------- the mixture
+
+
+@dataclass
+class Part:
+    """Conversations that enter a mixture `epochs` times per epoch."""
+
+    name: str
+    conversations: list[Conversation]
+    epochs: float = 1.0
+
+    @property
+    def count(self) -> int:
+        """Conversations this part puts in one mixture epoch."""
+        return round(self.epochs * len(self.conversations))
+
+
+class Mixture:
+    """The conversations of several parts in a seeded order: epoch e is a shuffle drawn from (seed, e).
+
+    `order(epoch)` lists (part, index) pairs; `get(part, index)` is the conversation. Only the
+    order depends on the epoch, so a reader resumes from (epoch, position) alone.
+    """
+
+    def __init__(self, parts: Sequence[Part], *, seed: int = 0, reports: Sequence[SourceReport] = ()) -> None:
+        self.parts = list(parts)
+        self.seed = seed
+        self.reports = list(reports)
+        if len(self) == 0:
+            names = ", ".join(part.name for part in self.parts) or "no parts"
+            raise GptlabError(f"the mixture holds no conversations ({names}); check the sources and the report of skipped rows")
+        self._orders: dict[int, np.ndarray] = {}
+
+    @classmethod
+    def of(cls, conversations: Sequence[Conversation], *, epochs: float = 1.0, seed: int = 0) -> Mixture:
+        """A one-part mixture of conversations already in memory."""
+        return cls([Part("conversations", list(conversations), epochs)], seed=seed)
+
+    @classmethod
+    def load(cls, config: MixtureConfig, split: str = "train") -> Mixture:
+        """The mixture's `train` or held-out `val` conversations (val: each once, from val_fraction)."""
+        if split not in ("train", "val"):
+            raise GptlabError(f"a mixture split is 'train' or 'val', got {split!r}")
+        if split == "val" and config.val_fraction == 0:
+            raise GptlabError("no held-out conversations: set val_fraction (e.g. 0.01) to carve a val split")
+        parts, reports = [], []
+        for part in config.parts:
+            train, val, report = _read_split(part, config)
+            conversations = train if split == "train" else val
+            parts.append(Part(part.source, conversations, part.epochs if split == "train" else 1.0))
+            reports.append(report)
+        return cls(parts, seed=config.seed, reports=reports)
+
+    def __len__(self) -> int:
+        """Conversations in one mixture epoch."""
+        return sum(part.count for part in self.parts)
+
+    def get(self, part: int, index: int) -> Conversation:
+        return self.parts[part].conversations[index]
+
+    def order(self, epoch: int) -> np.ndarray:
+        """(len(self), 2) int64 rows of (part, index): every part's whole passes plus a seeded subset for the
+        fraction, shuffled together. Part p's subset comes from (seed, epoch, p), so adding a part keeps the others'."""
+        if epoch not in self._orders:
+            if len(self._orders) > 4:
+                self._orders.pop(min(self._orders))
+            self._orders[epoch] = self._draw_order(epoch)
+        return self._orders[epoch]
+
+    def _draw_order(self, epoch: int) -> np.ndarray:
+        pieces = []
+        for number, part in enumerate(self.parts):
+            size = len(part.conversations)
+            whole = int(part.count // size) if size else 0
+            indices = [np.tile(np.arange(size, dtype=np.int64), whole)]
+            rest = part.count - whole * size
+            if rest:
+                generator = np.random.default_rng(np.random.SeedSequence([self.seed, epoch, number]))
+                indices.append(np.sort(generator.choice(size, rest, replace=False)))
+            indices = np.concatenate(indices)
+            pieces.append(np.stack([np.full_like(indices, number), indices], axis=1))
+        order = np.concatenate(pieces)
+        shuffle = np.random.default_rng(np.random.SeedSequence([self.seed, epoch])).permutation(len(order))
+        return order[shuffle]
+
+    def summary(self) -> str:
+        """A line per source for the CLI: conversations kept, held out and skipped."""
+        return "\n".join(report.summary() for report in self.reports)
+
+
+def _read_split(part: PartConfig, config: MixtureConfig) -> tuple[list[Conversation], list[Conversation], SourceReport]:
+    """A part's train and held-out conversations and its report."""
+    if part.kind == "task":
+        train, report = read_task(part, part.split, part.n, on_error=config.on_error)
+        val: list[Conversation] = []
+        if config.val_fraction > 0:
+            n_val = math.ceil(config.val_fraction * part.n) if part.n is not None else None
+            val, val_report = read_task(part, "test", n_val, on_error=config.on_error)
+            _merge_reports(report, val_report)
+        report.train, report.val = len(train), len(val)
+        return train, val, report
+    conversations, report = read_conversations(part, on_error=config.on_error)
+    held = _held_out(part.source, len(conversations), config.val_fraction)
+    train = [c for i, c in enumerate(conversations) if i not in held]
+    val = [conversations[i] for i in sorted(held)]
+    report.train, report.val = len(train), len(val)
+    return train, val, report
+
+
+def _held_out(source: str, size: int, fraction: float) -> set[int]:
+    """ceil(fraction × size) indices drawn with a seed from the source's name, so any training seed holds out the same."""
+    count = math.ceil(fraction * size)
+    if count == 0:
+        return set()
+    if count >= size:
+        raise GptlabError(f"{source}: holding out {fraction} of {size} conversations leaves none to train on; lower val_fraction")
+    generator = np.random.default_rng(zlib.crc32(source.encode("utf-8")))
+    return set(generator.choice(size, count, replace=False).tolist())
+
+
+def _merge_reports(into: SourceReport, other: SourceReport) -> None:
+    into.read += other.read
+    into.kept += other.kept
+    into.skipped += other.skipped
+    into.problems = (into.problems + other.problems)[:SHOWN_PROBLEMS]
+
+
+def iter_conversations(mixture: Mixture, epoch: int = 0) -> Iterator[Conversation]:
+    """One epoch of the mixture in its order."""
+    for part, index in mixture.order(epoch):
+        yield mixture.get(int(part), int(index))
