@@ -245,3 +245,11 @@ def test_index_serves_the_web_chat_page(served, tmp_path):
         connection.close()
     finally:
         live.stop()
+
+
+def test_ignore_eos_generates_exactly_max_tokens(server, served):
+    tokenizer = served[1]
+    answer = client(server).completions.create(model="tiny-chat", prompt="ROMEO:", temperature=0, max_tokens=60,
+                                               extra_body={"ignore_eos": True})
+    expected, count = reference(served, tokenizer.encode_ordinary("ROMEO:"), 60, ())
+    assert (answer.choices[0].text, answer.usage.completion_tokens, count) == (expected, 60, 60)

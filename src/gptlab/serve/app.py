@@ -157,9 +157,10 @@ class Runner:
         if new > room:
             raise APIError(400, f"the prompt ({len(prompt)} tokens) + max_tokens ({new}) = {len(prompt) + new} is more than the "
                            f"model's context ({block}); use max_tokens <= {room}", param="max_tokens", code="context_length_exceeded")
+        stops = () if body.ignore_eos else stop_tokens
         return [
             SamplingConfig(max_new_tokens=new, temperature=body.temperature, top_k=body.top_k,
-                           top_p=None if body.top_p >= 1 else body.top_p, stop_tokens=stop_tokens,
+                           top_p=None if body.top_p >= 1 else body.top_p, stop_tokens=stops,
                            seed=None if body.seed is None else body.seed + i, vocab_size=self.tokenizer.vocab_size)
             for i in range(body.n)
         ]

@@ -6,8 +6,8 @@
 Types are strict (a string is not a number, a number is not a bool). Fields OpenAI
 defines that gptlab does not implement (logprobs, penalties, tools, ...) are
 ignored when left at their neutral values and refused otherwise; unknown fields
-are ignored, as OpenAI's own server does. `top_k` is an extension (as in vLLM
-and llama.cpp). Not here: running requests (gptlab.serve.app).
+are ignored, as OpenAI's own server does. `top_k` and `ignore_eos` are extensions
+(as in vLLM and llama.cpp). Not here: running requests (gptlab.serve.app).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class Sampling(Strict):
     temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     top_k: Annotated[int, Field(ge=1)] | None = None  # extension: the k most likely tokens only
+    ignore_eos: bool = False  # extension (as vLLM): do not stop at the stop tokens; for benchmarks
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     stop: StopStrings = None
     seed: int | None = None  # choice i is seeded with seed + i
