@@ -1,0 +1,188 @@
+"""Serving: time to first token and tokens/s at 1, 4 and 8 concurrent streams, and decode speed vs transformers.
+
+    .venv/bin/python bench/serve.py                          # random gpt2: 4 layers, d=192, 4096 vocab (a BPE trained here)
+    .venv/bin/python bench/serve.py --model runs/shakespeare # a trained model (its tokenizer comes with it)
+
+A `gptlab serve` child process serves the model on a free port (its own cores, as
+a user runs it); this process runs 1, 4 and 8 client threads, each streaming
+--requests completions in turn over raw HTTP (server-sent events): --prompt-tokens
+token ids in, --new-tokens out (greedy, `ignore_eos` so every stream is as long).
+
+- ttft: time from sending the request to its first text chunk (queueing and prefill included).
+- per-stream tokens/s: (tokens - 1) / (last chunk - first chunk) of each stream: its decode rate.
+- aggregate tokens/s: all tokens of the level / the level's wall time. Ratio 8 vs 1 is the batching gain.
+
+Then single-stream decode in this process, same weights and prompt: gptlab's engine
+(one request, greedy) vs `transformers` `generate` (greedy, `min_new_tokens` so it
+never stops early) on the weights written by `gptlab.model.hf.export_hf`. The two
+must give the same tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+from machine import REPO_ROOT, header
+
+from gptlab.infer import Engine, EngineConfig, SamplingConfig
+from gptlab.model import GPT, preset
+from gptlab.model.hf import export_hf, load_pretrained_directory
+from gptlab.model.io import save_model
+
+LEVELS = (1, 4, 8)
+
+
+def random_model(folder: Path, block_size: int, seed: int) -> None:
+    from gptlab.data.corpus import shakespeare_documents
+    from gptlab.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.train(shakespeare_documents()[:12], vocab_size=4096)
+    torch.manual_seed(seed)
+    save_model(GPT(preset("gpt2-mini", n_embd=192, n_head=6, vocab_size=tokenizer.vocab_size, block_size=block_size)), folder)
+    tokenizer.save(folder / "tokenizer")
+
+
+def start_server(model: str, slots: int) -> tuple[subprocess.Popen, int]:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")}
+    child = subprocess.Popen([sys.executable, "-m", "gptlab.cli.main", "serve", model, "--port", "0", "--slots", str(slots)],
+                             stderr=subprocess.PIPE, text=True, env=env)
+    for line in child.stderr:
+        if match := re.search(r"http://[\d.]+:(\d+)/v1", line):
+            return child, int(match.group(1))
+    raise SystemExit(f"gptlab serve exited ({child.wait()})")
+
+
+def one_stream(port: int, prompt: list[int], new_tokens: int) -> tuple[float, float, int]:
+    """(ttft, decode tokens/s, tokens) of one streaming completion."""
+    body = {"prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    start = time.perf_counter()
+    connection.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    first = last = None
+    tokens = 0
+    for line in response:
+        if not line.startswith(b"data: {"):
+            continue
+        chunk = json.loads(line[6:])
+        if chunk.get("usage"):
+            tokens = chunk["usage"]["completion_tokens"]
+        elif chunk["choices"] and chunk["choices"][0]["text"]:
+            last = time.perf_counter()
+            first = first or last
+    connection.close()
+    rate = (tokens - 1) / (last - first) if tokens > 1 and last > first else float("nan")
+    return first - start, rate, tokens
+
+
+def run_level(port: int, clients: int, requests: int, prompts: list[list[int]], new_tokens: int) -> dict:
+    results: list[tuple[float, float, int]] = []
+    lock = threading.Lock()
+
+    def client(k: int) -> None:
+        for r in range(requests):
+            outcome = one_stream(port, prompts[(k * requests + r) % len(prompts)], new_tokens)
+            with lock:
+                results.append(outcome)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    ttfts, rates = [r[0] for r in results], [r[1] for r in results]
+    return {"ttft": ttfts, "rate": rates, "aggregate": sum(r[2] for r in results) / wall}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def decode_speed(folder: Path, prompt: list[int], new_tokens: int) -> None:
+    """gptlab's engine alone vs transformers generate, same weights, prompt and tokens."""
+    import transformers
+
+    model = load_pretrained_directory(folder).eval()
+    with tempfile.TemporaryDirectory() as hf_dir:
+        export_hf(model, hf_dir)
+        reference = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    config = SamplingConfig(max_new_tokens=new_tokens, temperature=0)
+    with Engine(model, EngineConfig(slots=1)) as engine:
+        list(engine.submit(prompt, SamplingConfig(max_new_tokens=8, temperature=0)))  # warm-up
+        start = time.perf_counter()
+        ours = list(engine.submit(prompt, config))
+        gptlab_rate = new_tokens / (time.perf_counter() - start)
+    idx = torch.tensor([prompt])
+    options = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False, "pad_token_id": 0}
+    with torch.inference_mode():
+        reference.generate(idx, **{**options, "max_new_tokens": 8, "min_new_tokens": 8})  # warm-up
+        start = time.perf_counter()
+        theirs = reference.generate(idx, **options)[0, len(prompt):].tolist()
+        hf_rate = new_tokens / (time.perf_counter() - start)
+    print(f"\nsingle stream, in process, {new_tokens} new tokens, prompt {len(prompt)}, greedy (prefill included)")
+    print(f"decode  gptlab engine {gptlab_rate:8.1f} tokens/s  transformers generate {hf_rate:8.1f} tokens/s  "
+          f"ratio {gptlab_rate / hf_rate:.2f}  (transformers {transformers.__version__})")
+    print(f"tokens identical: {'yes' if ours == theirs else 'NO'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="a model gptlab serve reads (default: a random 4-layer d=192 gpt2, 4096 vocab)")
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--requests", type=int, default=3, help="streams each client runs in turn (default 3)")
+    parser.add_argument("--slots", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=1337)
+    args = parser.parse_args()
+    print(header("Serving: gptlab serve under 1/4/8 concurrent streams; decode vs transformers generate", ["gptlab", "torch",
+                                                                                                     "transformers", "uvicorn"]))
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch) / "model"
+        if args.model is None:
+            random_model(folder, block_size=args.prompt_tokens + args.new_tokens + 64, seed=args.seed)
+            name = "random gpt2 (4 layers, d=192, 4096 vocab)"
+        else:
+            folder, name = Path(args.model), args.model
+        model = load_pretrained_directory(folder)
+        vocab = model.config.vocab_size
+        generator = torch.Generator().manual_seed(args.seed)
+        prompts = [torch.randint(0, min(vocab, 4096), (args.prompt_tokens,), generator=generator).tolist() for _ in range(16)]
+        print(f"# model: {name}, {model.num_params() / 1e6:.1f}M params, float32 on cpu; server slots {args.slots}, "
+              f"torch threads {torch.get_num_threads()}")
+        print(f"# each stream: prompt {args.prompt_tokens} ids, {args.new_tokens} new tokens, greedy; "
+              f"{args.requests} streams per client\n")
+        child, port = start_server(str(folder), args.slots)
+        try:
+            one_stream(port, prompts[0], 8)  # warm-up
+            aggregates = {}
+            print(f"{'clients':>7} {'ttft p50':>9} {'ttft p99':>9} {'tok/s/stream p50':>17} {'p99 (slowest)':>14} {'aggregate tok/s':>16}")
+            for clients in LEVELS:
+                level = run_level(port, clients, args.requests, prompts, args.new_tokens)
+                aggregates[clients] = level["aggregate"]
+                print(f"{clients:>7} {percentile(level['ttft'], .5) * 1000:7.1f}ms {percentile(level['ttft'], .99) * 1000:7.1f}ms "
+                      f"{statistics.median(level['rate']):17.1f} {percentile(level['rate'], .01):14.1f} {level['aggregate']:16.1f}")
+            print(f"aggregate ratio 8 clients / 1 client: {aggregates[8] / aggregates[1]:.2f}  (target >= 3)")
+        finally:
+            child.terminate()
+            child.wait()
+        decode_speed(folder, prompts[0], args.new_tokens)
+
+
+if __name__ == "__main__":
+    main()
