@@ -1,0 +1,95 @@
+"""`gptlab serve MODEL`: the OpenAI-compatible API and the web chat, on 127.0.0.1:8000 by default.
+
+Binds the loopback address unless --host says otherwise (then warns when there is
+no --api-key: anyone who can reach the port can use the model). The port is bound
+here before uvicorn starts, so a port in use is one error line. Ctrl-C stops the
+server cleanly. The app itself is gptlab.serve.app.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import socket
+import sys
+
+from gptlab.cli.common import DEVICE_HELP, add_model_argument, load_model_from, load_model_tokenizer, pick_device, positive
+from gptlab.runtime import GptlabError
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def register(stages) -> None:
+    parser = stages.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API, with a web chat")
+    add_model_argument(parser, positional=True)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument("--api-key", metavar="KEY", help="require `Authorization: Bearer KEY` on /v1 (default: no key)")
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
+    parser.add_argument("--slots", type=positive, default=8, metavar="N", help="requests decoded together (default 8)")
+    parser.add_argument("--max-tokens-limit", type=positive, default=4096, metavar="N", help="largest max_tokens a request may ask")
+    parser.add_argument("--max-request-bytes", type=positive, default=1_000_000, metavar="N", help="largest request body")
+    parser.add_argument("--name", help="model name the API reports (default: the MODEL argument)")
+    parser.add_argument("--tokenizer", "-t", metavar="DIR|NAME", help="tokenizer folder or name (default: the model's own)")
+    parser.set_defaults(handler=run_serve)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket, or one clear error."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as error:
+        sock.close()
+        if error.errno == errno.EADDRINUSE:
+            raise GptlabError(f"port {port} on {host} is already in use; pick another with --port") from None
+        raise GptlabError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    return sock
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gptlab.chat import ChatFormat
+    from gptlab.infer import Engine, EngineConfig
+    from gptlab.serve.app import build_app
+
+    if not 0 <= args.port <= 65535:
+        raise GptlabError(f"--port must be in 0..65535, got {args.port}")
+    sock = bind(args.host, args.port)
+    try:
+        model, path = load_model_from(args.checkpoint, device=pick_device(args.device))
+        tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
+        try:
+            chat_format = ChatFormat(tokenizer)
+        except GptlabError:
+            chat_format = None  # /v1/chat/completions explains; /v1/completions works
+        engine = Engine(model, EngineConfig(slots=args.slots))
+    except BaseException:
+        sock.close()
+        raise
+    try:
+        app = build_app(engine, tokenizer, chat_format, args.name or args.checkpoint, api_key=args.api_key,
+                        max_request_bytes=args.max_request_bytes, max_tokens_limit=args.max_tokens_limit)
+        port = sock.getsockname()[1]
+        shown = f"[{args.host}]" if ":" in args.host else args.host
+        say(f"gptlab serve: {args.checkpoint} ({'chat' if chat_format else 'completions only'}, {args.slots} slots)")
+        say(f"  web chat  http://{shown}:{port}/")
+        say(f"  API       http://{shown}:{port}/v1   (OpenAI-compatible{', key required' if args.api_key else ''})")
+        if args.host in LOOPBACK:
+            say("  bound to this machine only; --host 0.0.0.0 to listen on the network")
+        elif not args.api_key:
+            say(f"  warning: listening on {args.host} without --api-key: anyone who reaches this port can use the model")
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=3, access_log=False)
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        engine.close()
+        sock.close()
+    return 0
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,329 @@
+"""The HTTP server: OpenAI-compatible endpoints over a continuous-batching engine, and the web chat page.
+
+    GET  /                      the web chat (static/index.html)
+    GET  /health                {"status": "ok", "running": 2, "waiting": 0}   (never needs the API key)
+    GET  /v1/models             the one model served
+    POST /v1/chat/completions   messages -> the assistant's reply (needs a tokenizer with the chat tokens)
+    POST /v1/completions        prompt text (or texts, or token ids) -> its continuation
+
+Streaming answers are server-sent events, `data: {chunk}\\n\\n` in OpenAI's chunk
+format, ending with `data: [DONE]\\n\\n`. Every error is OpenAI's body
+`{"error": {"message", "type", "param", "code"}}` with a 4xx status: bad JSON,
+wrong types and out-of-range values are 400 (as OpenAI, not FastAPI's 422), a
+missing or wrong API key 401, a body over the size limit 413. A client that
+disconnects mid-stream cancels its generation, which frees its engine slot.
+
+Not here: the pieces of the request bodies (gptlab.serve.protocol), stop
+strings (gptlab.serve.stops), batching and sampling (gptlab.infer.engine), the
+command line and uvicorn (gptlab.cli.serve).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+from fastapi import Depends, FastAPI, Header
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from gptlab.chat import ChatFormat
+from gptlab.infer import Engine, SamplingConfig
+from gptlab.runtime import GptlabError
+from gptlab.serve.generation import Generation, sse
+from gptlab.serve.limits import BodyLimit
+from gptlab.serve.protocol import ChatRequest, CompletionRequest, Sampling
+from gptlab.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+STATIC = Path(__file__).parent / "static"
+DEFAULT_MAX_REQUEST_BYTES = 1_000_000
+DEFAULT_MAX_TOKENS_LIMIT = 4096
+
+
+class APIError(Exception):
+    """An error answered with OpenAI's error body."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        return JSONResponse(body, status_code=self.status, headers=headers)
+
+
+def build_app(
+    engine: Engine,
+    tokenizer: Tokenizer,
+    chat_format: ChatFormat | None,
+    model_name: str,
+    *,
+    api_key: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT,
+    static_dir: Path = STATIC,
+) -> FastAPI:
+    """The FastAPI app serving `engine` (its model) with `tokenizer`; chat needs `chat_format`."""
+    app = FastAPI(title="gptlab", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
+    add_error_handlers(app)
+    created = int(time.time())
+    block_size = engine.model.config.block_size
+    runner = Runner(engine, tokenizer, model_name, max_tokens_limit)
+
+    def check_key(authorization: str | None = Header(default=None)) -> None:
+        if api_key is None:
+            return
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
+            raise APIError(401, "missing or wrong API key: send the header `Authorization: Bearer KEY`", code="invalid_api_key")
+
+    @app.get("/", include_in_schema=False)
+    async def index():
+        page = static_dir / "index.html"
+        if not page.is_file():
+            raise APIError(404, f"the web chat page is not installed ({page}); the API is at /v1", code="not_found")
+        return FileResponse(page, media_type="text/html")
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "running": engine.running(), "waiting": engine.waiting()}
+
+    @app.get("/v1/models", dependencies=[Depends(check_key)])
+    async def models() -> dict:
+        model = {"id": model_name, "object": "model", "created": created, "owned_by": "gptlab", "max_model_len": block_size}
+        return {"object": "list", "data": [model]}
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(check_key)])
+    async def chat_completions(body: ChatRequest):
+        chat = chat_format
+        if chat is None:
+            try:
+                chat = ChatFormat(tokenizer)
+            except GptlabError as error:
+                raise APIError(400, f"{model_name} is not a chat model: {error}; use /v1/completions", param="messages",
+                               code="not_a_chat_model") from None
+        messages = [{"role": message.role, "content": message.text()} for message in body.messages]
+        try:
+            prompt = chat.prompt(messages)
+        except GptlabError as error:
+            raise APIError(400, str(error), param="messages") from None
+        return await runner.respond(body, [prompt], chat.stop_tokens, chat=True)
+
+    @app.post("/v1/completions", dependencies=[Depends(check_key)])
+    async def completions(body: CompletionRequest):
+        eot = tokenizer.eot_id
+        prompts = []
+        for prompt in body.prompts():
+            ids = tokenizer.encode_ordinary(prompt) if isinstance(prompt, str) else prompt
+            if not ids:
+                if eot is None:
+                    raise APIError(400, "the prompt is empty and the tokenizer has no end-of-text token to start from", param="prompt")
+                ids = [eot]
+            bad = [token for token in ids if not 0 <= token < tokenizer.vocab_size]
+            if bad:
+                raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{tokenizer.vocab_size - 1})", param="prompt")
+            prompts.append(ids)
+        return await runner.respond(body, prompts, () if eot is None else (eot,), chat=False)
+
+    return app
+
+
+class Runner:
+    """Turns a validated request into engine requests, and their tokens into OpenAI's response or chunks."""
+
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, model_name: str, max_tokens_limit: int) -> None:
+        self.engine, self.tokenizer, self.model_name, self.limit = engine, tokenizer, model_name, max_tokens_limit
+
+    def configs(self, body: Sampling, prompt: list[int], stop_tokens: tuple[int, ...]) -> list[SamplingConfig]:
+        block = self.engine.model.config.block_size
+        if body.max_tokens is not None and body.max_tokens > self.limit:
+            raise APIError(400, f"max_tokens={body.max_tokens} is over this server's limit of {self.limit}", param="max_tokens")
+        room = block - len(prompt)
+        if room < 1:
+            raise APIError(400, f"the prompt is {len(prompt)} tokens, which fills the model's context ({block})",
+                           param="messages", code="context_length_exceeded")
+        new = body.max_tokens if body.max_tokens is not None else min(self.limit, room)
+        if new > room:
+            raise APIError(400, f"the prompt ({len(prompt)} tokens) + max_tokens ({new}) = {len(prompt) + new} is more than the "
+                           f"model's context ({block}); use max_tokens <= {room}", param="max_tokens", code="context_length_exceeded")
+        return [
+            SamplingConfig(max_new_tokens=new, temperature=body.temperature, top_k=body.top_k,
+                           top_p=None if body.top_p >= 1 else body.top_p, stop_tokens=stop_tokens,
+                           seed=None if body.seed is None else body.seed + i, vocab_size=self.tokenizer.vocab_size)
+            for i in range(body.n)
+        ]
+
+    async def respond(self, body: Sampling, prompts: list[list[int]], stop_tokens: tuple[int, ...], *, chat: bool):
+        configs = [(prompt, config) for prompt in prompts for config in self.configs(body, prompt, stop_tokens)]
+        loop = asyncio.get_running_loop()
+        generations: list[Generation] = []
+        try:
+            for prompt, config in configs:
+                request = self.engine.submit(prompt, config, loop=loop)
+                generations.append(Generation(self.engine, request, self.tokenizer, body.stop_strings()))
+        except GptlabError as error:
+            for generation in generations:
+                generation.cancel()
+            raise APIError(400, str(error)) from None
+        reply = Reply(chat, self.model_name, sum(len(prompt) for prompt in prompts))
+        if body.stream:
+            return EventStream(stream_events(reply, generations, body.include_usage()), generations)
+        try:
+            texts = await asyncio.gather(*(generation.text() for generation in generations))
+        finally:
+            for generation in generations:
+                generation.cancel()
+        if any(generation.finish_reason == "error" for generation in generations):
+            raise APIError(500, "generation failed on the server", type="server_error")
+        return reply.whole(texts, generations)
+
+
+class Reply:
+    """OpenAI's response objects for one request: whole, or chunk by chunk."""
+
+    def __init__(self, chat: bool, model_name: str, prompt_tokens: int) -> None:
+        self.chat, self.model_name, self.prompt_tokens = chat, model_name, prompt_tokens
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    def usage(self, generations: list[Generation]) -> dict:
+        completion = sum(generation.completion_tokens for generation in generations)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion, "total_tokens": self.prompt_tokens + completion}
+
+    def _object(self, kind: str, choices: list[dict]) -> dict:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model_name, "choices": choices}
+
+    def whole(self, texts: list[str], generations: list[Generation]) -> dict:
+        choices = []
+        for index, (text, generation) in enumerate(zip(texts, generations)):
+            choice = {"index": index, "finish_reason": generation.finish_reason, "logprobs": None}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            choices.append(choice)
+        body = self._object("chat.completion" if self.chat else "text_completion", choices)
+        body["usage"] = self.usage(generations)
+        return body
+
+    def chunk(self, index: int, text: str | None, finish_reason: str | None, *, role: bool = False) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            return self._object("chat.completion.chunk", [choice])
+        return self._object("text_completion", [{"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}])
+
+    def usage_chunk(self, generations: list[Generation]) -> dict:
+        body = self._object("chat.completion.chunk" if self.chat else "text_completion", [])
+        body["usage"] = self.usage(generations)
+        return body
+
+
+async def stream_events(reply: Reply, generations: list[Generation], include_usage: bool) -> AsyncIterator[str]:
+    """Chunks of every choice as their text arrives (choices interleaved), then usage if asked, then [DONE]."""
+    events: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, generation: Generation) -> None:
+        async for text in generation.deltas():
+            await events.put((index, text, None))
+        await events.put((index, None, generation.finish_reason))
+
+    def with_usage(chunk: dict) -> dict:
+        return {**chunk, "usage": None} if include_usage else chunk
+
+    tasks = [asyncio.create_task(pump(index, generation)) for index, generation in enumerate(generations)]
+    try:
+        if reply.chat:
+            for index in range(len(generations)):
+                yield sse(with_usage(reply.chunk(index, None, None, role=True)))
+        remaining = len(generations)
+        while remaining:
+            index, text, finish_reason = await events.get()
+            remaining -= finish_reason is not None
+            yield sse(with_usage(reply.chunk(index, text, finish_reason)))
+        if include_usage:
+            yield sse(reply.usage_chunk(generations))
+        yield "data: [DONE]\n\n"
+    finally:
+        for task in tasks:
+            task.cancel()
+        for generation in generations:
+            generation.cancel()
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events that cancel their generations when the stream ends, however it ends.
+
+    Listens for the client's disconnect while streaming (whatever ASGI version the server speaks),
+    so a client that goes away frees its slots even between tokens.
+    """
+
+    def __init__(self, content: AsyncIterator[str], generations: list[Generation]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.generations = generations
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+
+                async def stream() -> None:
+                    try:
+                        await self.stream_response(send)
+                    except OSError:  # the client went away while we wrote
+                        pass
+                    group.cancel_scope.cancel()
+
+                group.start_soon(stream)
+                await self.listen_for_disconnect(receive)
+                group.cancel_scope.cancel()
+        finally:
+            for generation in self.generations:
+                generation.cancel()
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every error as OpenAI's error body; validation errors as 400, never a traceback to the client."""
+
+    @app.exception_handler(APIError)
+    async def api_error(request, error: APIError) -> JSONResponse:
+        return error.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, error: RequestValidationError) -> JSONResponse:
+        return validation_error(error.errors()).response()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, error: HTTPException) -> JSONResponse:
+        kind = "not_found" if error.status_code == 404 else None
+        return APIError(error.status_code, str(error.detail), code=kind).response()
+
+    @app.exception_handler(Exception)
+    async def unexpected(request, error: Exception) -> JSONResponse:
+        log.exception("unexpected error serving %s", request.url.path)
+        return APIError(500, "internal server error", type="server_error").response()
+
+
+def validation_error(errors) -> APIError:
+    """The first of pydantic's errors, said plainly: which field, what is wrong."""
+    if not errors:
+        return APIError(400, "invalid request")
+    first = errors[0]
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(location) or None
+    if first.get("type") == "json_invalid":
+        return APIError(400, f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}")
+    if first.get("type") == "missing" and param is None:
+        return APIError(400, "the request needs a JSON body")
+    message = first.get("msg", "invalid value")
+    return APIError(400, f"{param}: {message}" if param else message, param=param)

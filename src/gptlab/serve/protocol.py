@@ -1,0 +1,105 @@
+"""The request bodies of the OpenAI-compatible API, as pydantic models: what is accepted, typed and bounded.
+
+    POST /v1/chat/completions  {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32, "stream": true}
+    POST /v1/completions       {"prompt": "Once upon", "temperature": 0, "stop": ["\\n"]}
+
+Types are strict (a string is not a number, a number is not a bool). Fields OpenAI
+defines that gptlab does not implement (logprobs, penalties, tools, ...) are
+ignored when left at their neutral values and refused otherwise; unknown fields
+are ignored, as OpenAI's own server does. `top_k` is an extension (as in vLLM
+and llama.cpp). Not here: running requests (gptlab.serve.app).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_CHOICES = 8  # n
+MAX_STOPS = 4  # stop strings per request, as OpenAI
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(Strict):
+    role: str
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+StopStrings = str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOPS)] | None
+
+
+class Sampling(Strict):
+    """Fields both endpoints share."""
+
+    model: str | None = None  # informational: the server serves one model
+    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    top_k: Annotated[int, Field(ge=1)] | None = None  # extension: the k most likely tokens only
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    stop: StopStrings = None
+    seed: int | None = None  # choice i is seeded with seed + i
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    frequency_penalty: Annotated[float, Field(ge=0, le=0)] | None = None  # not implemented: only 0 accepted
+    presence_penalty: Annotated[float, Field(ge=0, le=0)] | None = None
+    logprobs: Literal[False] | None = None
+    user: str | None = None
+
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop
+        return [stop for stop in stops if stop]
+
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class ChatRequest(Sampling):
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None  # OpenAI's newer name for max_tokens
+
+    @model_validator(mode="after")
+    def _one_limit(self) -> ChatRequest:
+        if self.max_completion_tokens is not None:
+            if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
+                raise ValueError("give max_tokens or max_completion_tokens, not two different values")
+            self.max_tokens = self.max_completion_tokens
+        return self
+
+
+Prompt = str | Annotated[list[str], Field(min_length=1)] | Annotated[list[int], Field(min_length=1)] | Annotated[
+    list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1)
+]
+
+
+class CompletionRequest(Sampling):
+    prompt: Prompt
+    echo: Literal[False] | None = None
+    suffix: None = None
+
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: text, or token ids."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if all(isinstance(item, int) for item in self.prompt):
+            return [list(self.prompt)]
+        return list(self.prompt)
