@@ -1,0 +1,218 @@
+"""`gptlab chat MODEL`: talk to a chat model in the terminal, replies streamed as tokens arrive.
+
+    $ gptlab chat runs/sft --system "Be brief."
+    >>> What is 2+2?
+    4
+
+Each turn renders the whole conversation with the chat format (gptlab.chat.format)
+and generates the reply from it; when the conversation no longer fits the model's
+context, the oldest turns are dropped and a note says so. From a pipe (stdin not a
+terminal) each input line is a message and each reply is printed on its own line,
+with no prompt or banner, so `printf 'hi\\nmore\\n' | gptlab chat MODEL` works.
+
+Ctrl-C while the model answers stops that answer (what was shown stays in the
+conversation); Ctrl-C at the prompt leaves (exit 130); so do /exit and Ctrl-D (exit 0).
+Notes and errors inside the session go to stderr and the session goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+
+from gptlab.cli.common import DEVICE_HELP, add_model_argument, load_model_from, load_model_tokenizer, pick_device, positive
+from gptlab.runtime import GptlabError
+
+PROMPT = ">>> "
+HELP = """\
+/clear             forget the conversation (the system prompt stays)
+/system TEXT       set the system prompt (/system alone removes it)
+/set NAME VALUE    temperature, top_k, top_p, max_tokens or seed (VALUE none unsets); /set alone shows them
+/help              this list
+/exit              leave (so does Ctrl-D); Ctrl-C stops a reply, and at the prompt leaves"""
+SETTINGS = {"temperature": float, "top_k": int, "top_p": float, "max_tokens": int, "seed": int}
+KINDS = {float: "a number", int: "a whole number"}
+OPTIONAL = ("top_k", "top_p", "seed")  # settings that `none` unsets
+
+
+def register(stages) -> None:
+    parser = stages.add_parser("chat", help="talk to a chat model (after `gptlab sft`) in the terminal")
+    add_model_argument(parser, positional=True)
+    parser.add_argument("--system", metavar="TEXT", help="system prompt: the first message of the conversation")
+    parser.add_argument("--tokenizer", "-t", metavar="DIR|NAME", help="tokenizer folder (default: the model's own)")
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
+    parser.add_argument("--top-k", type=int, metavar="K", help="sample from the K most likely tokens only")
+    parser.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling: the most likely tokens holding probability P")
+    parser.add_argument("--max-tokens", type=positive, metavar="N",
+                        help="longest reply in tokens (default: 512, or half the model's context if smaller)")
+    parser.add_argument("--seed", type=int, help="seed for reproducible replies: reply k uses seed + k (default: random)")
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
+    parser.set_defaults(handler=run_chat)
+
+
+@dataclass
+class Session:
+    """One conversation: the model, its chat format, the sampling settings and the messages so far."""
+
+    model: object
+    chat_format: object
+    settings: dict
+    system: str | None = None
+    messages: list[dict] = field(default_factory=list)  # user and assistant turns; the system prompt is kept apart
+    replies: int = 0  # replies generated so far: reply k is seeded with seed + k
+
+    def sampling(self, **changes):
+        """The SamplingConfig for the next reply (checked: a bad setting raises GptlabError)."""
+        from gptlab.infer import SamplingConfig
+
+        settings = {**self.settings, **changes}
+        block = self.model.config.block_size
+        if settings["max_tokens"] >= block:
+            raise GptlabError(f"max_tokens={settings['max_tokens']} leaves no room for the conversation in the "
+                              f"model's context ({block} tokens); use at most {block // 2} or so")
+        seed = settings["seed"]
+        return SamplingConfig(
+            max_new_tokens=settings["max_tokens"], temperature=settings["temperature"], top_k=settings["top_k"],
+            top_p=settings["top_p"], stop_tokens=self.chat_format.stop_tokens,
+            seed=None if seed is None else seed + self.replies, vocab_size=self.chat_format.tokenizer.vocab_size,
+        )
+
+    def conversation(self, text: str) -> list[dict]:
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        return [*system, *self.messages, {"role": "user", "content": text}]
+
+    def answer(self, text: str, write) -> None:
+        """Generate the reply to `text`, writing it as it arrives; the exchange joins the conversation."""
+        from gptlab.chat.context import fit_context
+        from gptlab.chat.text import TextStream
+        from gptlab.infer import stream
+
+        config = self.sampling()
+        block = self.model.config.block_size
+        messages, dropped = fit_context(self.chat_format, self.conversation(text), block - config.max_new_tokens)
+        if dropped:
+            note(f"(dropped the oldest {dropped} message{'s' * (dropped > 1)} to fit the model's context of {block} tokens)")
+        tokenizer = self.chat_format.tokenizer
+        tokens = stream(self.model, [self.chat_format.prompt(messages)], config)
+        self.replies += 1
+        text_stream, reply = TextStream(tokenizer), []
+        try:
+            for _, token in tokens:
+                reply.append(token)
+                write(text_stream.add(token))
+        except KeyboardInterrupt:  # stop this reply only, like llama.cpp and ollama
+            tokens.close()
+            write(text_stream.flush() + "\n")
+            note("(stopped)")
+        else:
+            write(text_stream.flush() + "\n")
+        content = tokenizer.decode(reply)
+        kept = messages[1:] if self.system else messages
+        if content.strip():
+            self.messages = [*kept, {"role": "assistant", "content": content}]
+        else:  # an empty message is not a valid turn: leave the exchange out
+            self.messages = kept[:-1]
+            note("(empty reply: this exchange is not kept in the conversation)")
+
+    def command(self, line: str) -> bool:
+        """Run a /command; False when it asks to leave."""
+        name, _, rest = line.partition(" ")
+        rest = rest.strip()
+        if name in ("/exit", "/quit", "/bye"):
+            return False
+        if name == "/help":
+            print(HELP, flush=True)
+        elif name == "/clear":
+            self.messages = []
+            note("(conversation cleared)")
+        elif name == "/system":
+            self.system = rest or None
+            note(f"(system prompt {'set' if rest else 'removed'})")
+        elif name == "/set":
+            self.set(rest)
+        else:
+            note(f"unknown command {name}; /help lists the commands")
+        return True
+
+    def set(self, text: str) -> None:
+        if not text:
+            note(" ".join(f"{name}={value}" for name, value in self.settings.items()))
+            return
+        name, _, value = text.partition(" ")
+        name, value = name.replace("-", "_"), value.strip()
+        if name not in SETTINGS:
+            raise GptlabError(f"unknown setting {name!r}; use one of {', '.join(SETTINGS)}")
+        if value.lower() == "none" and name in OPTIONAL:
+            parsed = None
+        else:
+            try:
+                parsed = SETTINGS[name](value)
+            except ValueError:
+                raise GptlabError(f"{name} must be {KINDS[SETTINGS[name]]}, got {value!r}") from None
+        self.sampling(**{name: parsed})  # raises when the value is out of range
+        self.settings[name] = parsed
+        note(f"({name}={parsed})")
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    from gptlab.chat import ChatFormat
+
+    model, path = load_model_from(args.checkpoint, device=pick_device(args.device))
+    tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
+    try:
+        chat_format = ChatFormat(tokenizer)
+    except GptlabError:
+        raise GptlabError(f"{args.checkpoint} is not a chat model: its tokenizer has no chat tokens (<|user|>, "
+                          "<|assistant|>, <|end|>); fine-tune it with `gptlab sft` first") from None
+    block = model.config.block_size
+    max_tokens = args.max_tokens if args.max_tokens is not None else min(512, block // 2)
+    settings = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+                "max_tokens": max_tokens, "seed": args.seed}
+    session = Session(model, chat_format, settings, system=args.system or None)
+    session.sampling()  # a bad flag is one error line before the session starts
+    interactive = sys.stdin.isatty()
+    if interactive:
+        import readline  # noqa: F401  line editing and history for input()
+
+        note(f"chatting with {args.checkpoint} (context {block} tokens); /help for commands, Ctrl-D to leave")
+    return converse(session, interactive)
+
+
+def converse(session: Session, interactive: bool) -> int:
+    """The read-answer loop: 0 at /exit or end of input, 130 at Ctrl-C on the prompt."""
+    while True:
+        try:
+            line = input(PROMPT) if interactive else sys.stdin.readline()
+        except EOFError:
+            line = ""
+        except KeyboardInterrupt:
+            print(file=sys.stderr)
+            return 130
+        if not line:  # end of input (Ctrl-D)
+            if interactive:
+                print(file=sys.stderr)
+            return 0
+        text = line.rstrip("\r\n")
+        if not text.strip():
+            continue
+        try:
+            if text.startswith("/"):
+                if not session.command(text.strip()):
+                    return 0
+            else:
+                session.answer(text, write)
+        except GptlabError as error:
+            note(f"error: {error}")
+        if interactive:
+            print()
+
+
+def note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
