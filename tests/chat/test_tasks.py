@@ -25,7 +25,7 @@ VARIANTS = [
     Arithmetic(digits=1, ops="-"),
     Spelling(),
     Spelling(counting=0.0),
-    Spelling(counting=1.0, present=0.0),
+    Spelling(counting=1.0),
     Sorting(),
     Sorting(items="numbers", min_items=2, max_items=6),
 ]
@@ -209,3 +209,11 @@ def test_task_conversation_renders_the_reply_as_the_only_target():
             rendered = chat.render(conversation)
             targets = [i for i, m in zip(rendered.ids, rendered.mask) if m]
             assert tokenizer.decode(targets) == example.reply + "<|end|>"
+
+
+def test_spelling_counts_are_balanced_so_no_single_guess_scores_well():
+    task = Spelling(counting=1.0)
+    answers = [int(example.answer) for example in task.examples("train", 3000)]
+    for count in (0, 1):
+        assert 0.25 < answers.count(count) / len(answers) < 0.42
+    assert 0.25 < sum(count >= 2 for count in answers) / len(answers) < 0.42

@@ -6,28 +6,30 @@ what the tasks do with the words (gptlab.chat.tasks.spelling, .sorting).
 
 WORDS: tuple[str, ...] = tuple(
     """
-    able about above actor adult after again agent agree ahead alarm album alive allow alone along angel anger
-    angle angry animal answer apple april arena argue arrow artist aside asleep autumn avoid awake award
-    baby back badge baker ball band bank basket bath beach bean bear beard beast bed bee begin bell belt bench
-    berry bike bird birth black blade blank blind block blood bloom blue board boat body bone book boot border
-    bottle bottom bowl brain branch brave bread break brick bride bridge bright bring broken brother brown
-    brush bucket build bunch burn bush butter button cabin cable cake calm camel camera camp candle candy cap
-    captain car card care carpet carry castle cat cause cave chain chair chalk chance change cheap check cheese
-    cherry chess chest chicken child choice circle city class clean clear clerk cliff climb clock close cloud
-    coach coast coat coffee coin cold color comb corn corner cotton couch count court cousin cover cow crab
-    crane cream crew crowd crown cup curtain cycle dance danger dark daughter dawn deer desert desk dinner
-    doctor dog doll dollar door dragon drama dream dress drink driver drum duck dust eagle early earth east
-    egg elbow empty engine enjoy enter equal error event farm father feather fence field finger fire fish
-    flag flame flower fly focus forest fork fox frame friend frog fruit garden gate gentle ghost giant gift
-    girl glass globe glove goat gold grape grass green ground guest guitar hammer hand happy harbor hat heart
-    hello hill honey horse hotel house hunter ice idea island jacket jelly jewel judge juice jungle kettle
-    key king kitchen kite knee knife ladder lake lamp laugh lemon letter light lion liquid little lizard
-    magic market meadow metal milk mirror monkey moon morning mother motor mouse mouth music nail needle
-    nest night noise north number ocean office orange owl paint palace paper parrot party pencil pepper
-    piano picture pilot planet plant pocket poem potato queen quiet rabbit radio rain river robot rocket
-    rope rose salad salt sand school sea seed shadow sheep shell ship shirt shoe silver sister sky snake
-    snow soap song spider spoon spring star stone storm street sugar summer sun table tiger toast tomato
-    tooth towel tower train tree truck turtle uncle valley violin wagon water whale wheel window winter
-    wolf wood world yellow zebra
+    able about above actor address adult after again agent agree ahead alarm album alive allergy allow alone along
+    angel anger angle angry animal answer apple april arena argue arrive arrow artist aside asleep assess autumn avoid
+    awake award baby back badge baker ball balloon band bank banner barrel basket bath battle beach bean bear beard
+    beast bed bee begin bell belt bench berry bike bird birth black blade blank blind block blood bloom blue board
+    boat body bone book boot border bottle bottom bowl brain branch brave bread break brick bride bridge bright bring
+    broken brother brown brush bubble bucket build bunch burn bush butter button buzz cabin cable cake calm camel
+    camera camp candle candy canoe cap captain car card care carpet carry cassette castle cat cause cave cellar chain
+    chair chalk chance change cheap check cheese cherry chess chest chicken child choice circle city class classic
+    clean clear clerk cliff climb clock close cloud coach coast coat coffee coin cold color comb cookie copper corn
+    corner cotton couch count court cousin cover cow crab crane cream crew crowd crown cup curtain cycle daddy dance
+    danger dark daughter dawn deer desert desk dessert dinner doctor dog doll dollar door dragon drama dream dress
+    drink driver drum duck dust eagle early earth east egg elbow eleven empty engine enjoy enter equal error event
+    excess farm father feather fellow fence fiddle field finger fire fish flag flame flower fly focus forest fork fox
+    frame friend frog fruit garden gate gentle ghost giant gift giggle girl glass globe glove goat gold goose grammar
+    grape grass green ground guest guitar hammer hand happy harbor hat heart hello hill hollow honey horse hotel house
+    hunter ice idea island jacket jazz jelly jewel judge juice jungle kettle key king kitchen kite kitten knee knife
+    ladder lake lamp laugh lemon letter light lion liquid little lizard llama lottery magic mammal market matter
+    meadow meeting metal middle milk mirror mommy monkey moon morning mother motor mouse mouth music nail needle nest
+    night noise noodle north number ocean office orange owl paint palace paper parrot party pencil pepper piano
+    picture pilot pizza planet plant pocket poem potato puppy puzzle queen quiet rabbit radio rain referee river robot
+    rocket rope rose rubber saddle salad salt sand school scissor sea seed shadow sheep sheet shell shelter ship shirt
+    shoe shoot silver sister sky sleep sleeve snake sniff snow soap soccer song speech spell spider spoon spring staff
+    star steel stone storm street stress stuff success sugar summer sun sweet table teeth tennis three tiger toast
+    toffee tomato tomorrow tooth topping towel tower train tree trolley truck tunnel turtle uncle valley valve village
+    violin wagon wallet water weekend whale wheel window winter wolf wood world yellow zebra zipper
     """.split()
 )
