@@ -1,0 +1,33 @@
+"""Built-in chat tasks that need no network: each makes examples, renders them as conversations, verifies answers.
+
+    from gptlab.chat.tasks import get_task
+    task = get_task("arithmetic")                    # or Arithmetic(digits=3, ops="+-")
+    train = task.examples("train", 10_000)           # SFT data: task.conversation(example) for each
+    test = task.examples("test", 200)                # held out: no question is in the train split
+    task.verify(test[0], "The answer is 81")         # accuracy by generation (gptlab.eval.chat); reward() for RL
+
+Tasks: arithmetic (multi-digit sums), spelling (spell a word, count a letter),
+sorting (words or numbers). Not here: generating responses with a model
+(gptlab.eval.chat).
+"""
+
+from gptlab.chat.tasks.arithmetic import Arithmetic
+from gptlab.chat.tasks.base import Example, Task
+from gptlab.chat.tasks.sorting import Sorting
+from gptlab.chat.tasks.spelling import Spelling
+from gptlab.runtime import GptlabError
+
+TASKS: dict[str, type[Task]] = {task.name: task for task in (Arithmetic, Spelling, Sorting)}
+
+
+def get_task(name: str, **options) -> Task:
+    """The task called `name` with its default difficulty, or with `options` (e.g. digits=3 for arithmetic)."""
+    if name not in TASKS:
+        raise GptlabError(f"unknown chat task {name!r}; the tasks are {', '.join(TASKS)}")
+    try:
+        return TASKS[name](**options)
+    except TypeError as error:
+        raise GptlabError(f"bad options for chat task {name!r}: {error}") from None
+
+
+__all__ = ["TASKS", "Arithmetic", "Example", "Sorting", "Spelling", "Task", "get_task"]
