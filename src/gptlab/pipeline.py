@@ -167,15 +167,17 @@ def sft_stage(config: RunConfig, out: Path, train_config: TrainConfig, trained: 
 def conversation_stage(tuned: SFTResult, task_names: list[str], runtime, log) -> list[dict]:
     """A short conversation with the fine-tuned model: one held-out question of each task."""
     from gptlab.chat import ChatFormat
+    from gptlab.chat.tasks import get_task
     from gptlab.data.match import find_model_tokenizer
-    from gptlab.eval.chat import sample_answers
+    from gptlab.eval.chat import grade
 
     log(f"[9/{STAGES}] chat: held-out questions the model never saw in fine-tuning")
     model = load_model(tuned.train.checkpoint, device=runtime.device)
     chat = ChatFormat(find_model_tokenizer(tuned.train.checkpoint))
     turns = []
     for name in task_names:
-        for question, response, correct in sample_answers(model, chat, name, n=1):
+        task = get_task(name)
+        for question, response, correct in grade(model, chat, task, task.examples("test", 1)):
             log(f"      user:      {question}")
             log(f"      assistant: {response}   [{'correct' if correct else 'wrong'}]")
             turns.append({"task": name, "question": question, "response": response, "correct": correct})
