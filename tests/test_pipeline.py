@@ -16,6 +16,9 @@ SMALL = [
     "--train.max-steps", "12", "--train.model.n-layer", "1", "--train.model.n-embd", "32", "--train.model.n-head", "2",
     "--train.batch-tokens", "1024", "--train.micro-batch", "8", "--train.eval-every", "6", "--train.eval-batches", "2",
     "--train.checkpoint-every", "6", "--train.log-every", "1", "--train.precision", "fp32", "--sample.max-new-tokens", "20",
+    "--sft.data", "task:arithmetic[n=300], task:sorting[n=300]", "--sft.max-steps", "4", "--sft.batch-tokens", "1024",
+    "--sft.micro-batch", "8", "--sft.eval-every", "2", "--sft.eval-batches", "2", "--sft.task-examples", "8",
+    "--sft.precision", "fp32",
 ]
 
 
@@ -69,7 +72,15 @@ def test_run_goes_from_corpus_to_samples_and_reports_every_figure(finished):
     assert load_model(checkpoint).config.vocab_size == 512
 
     # Evaluation and sampling are reported.
-    assert "val bits per byte" in log and "[7/7] sample" in log and log.rstrip().endswith("loss.png)")
+    assert "val bits per byte" in log and "[7/9] sample" in log
+
+    # Fine-tuning: the chat model in OUT/sft, task accuracy before and after, a conversation, how to talk to it.
+    sft = out / "sft" / "checkpoints" / "step_000004"
+    chat_tokenizer = Tokenizer.load(sft / "tokenizer")
+    assert load_model(sft).config.vocab_size == chat_tokenizer.vocab_size == 512 + 5
+    assert chat_tokenizer.encode_ordinary("To be, or not") == tokenizer.encode_ordinary("To be, or not")
+    assert "arithmetic_accuracy:" in log and "sorting_accuracy:" in log and "before fine-tuning" in log
+    assert "[9/9] chat" in log and log.count("assistant: ") == 2 and f"gptlab chat {out / 'sft'}" in log
 
 
 def test_rerunning_the_same_run_reuses_every_finished_stage_and_changes_nothing(finished, capsys):
@@ -80,7 +91,8 @@ def test_rerunning_the_same_run_reuses_every_finished_stage_and_changes_nothing(
     assert "resuming the run" in log and "reused" in log and "already prepared" in log and "already finished" in log
     after = snapshot(out)
     changed = {name for name in before.keys() | after.keys() if before.get(name) != after.get(name)}
-    assert changed <= {"gptlab_run.json", "config.json", "train/gptlab_run.json", "train/train_config.json"}
+    assert changed <= {"gptlab_run.json", "config.json", "train/gptlab_run.json", "train/train_config.json",
+                       "sft/gptlab_run.json", "sft/train_config.json"}
 
 
 def test_another_config_or_a_foreign_folder_is_refused_and_left_as_it_was(finished, tmp_path, capsys):
@@ -107,6 +119,8 @@ def test_another_config_or_a_foreign_folder_is_refused_and_left_as_it_was(finish
     ("--train.out", "the run trains into OUT/train"),
     ("--train.data", "prepares its own data"),
     ("--train.model.vocab-size", "set --tokenizer.vocab-size"),
+    ("--sft.init-from", "fine-tunes the model it pretrained"),
+    ("--sft.model.n-layer", "set --train.model"),
 ])
 def test_run_refuses_fields_it_sets_itself(tmp_path, capsys, flag, reason):
     assert main(["run", "--out", str(tmp_path / "run"), flag, "7"]) == 1
@@ -142,7 +156,7 @@ def test_ctrl_c_during_training_stops_the_run_with_130_and_the_same_command_resu
     out = tmp_path / "run"
     assert main(["run", "--out", str(out), *SMALL]) == 130
     log = capsys.readouterr().out
-    assert "interrupted: rerun the same command to resume" in log and "[6/7]" not in log
+    assert "interrupted: rerun the same command to resume" in log and "[6/9]" not in log
     assert sorted(p.name for p in (out / "train" / "checkpoints").iterdir()) == ["step_000003"]
     assert main(["run", "--out", str(out), *SMALL]) == 0
     log = capsys.readouterr().out

@@ -143,7 +143,7 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
     text = sample_text(model, tokenizer, config.sample)
     log(text)
     tuned = sft_stage(config, out, train_config, trained, runtime, log)
-    conversation = conversation_stage(tuned, config.sft.task_names(), runtime, log)
+    conversation = conversation_stage(tuned, config.sft.eval_tasks(), runtime, log)
     log(f"done: artefacts in {out}/ (loss plots: {out / 'train' / 'loss.png'}, {out / 'sft' / 'loss.png'})")
     log(f"talk to it: gptlab chat {out / 'sft'}   or serve it (OpenAI API and web chat): gptlab serve {out / 'sft'}")
     return RunResult(
@@ -164,10 +164,9 @@ def sft_stage(config: RunConfig, out: Path, train_config: TrainConfig, trained: 
     return tuned
 
 
-def conversation_stage(tuned: SFTResult, task_names: list[str], runtime, log) -> list[dict]:
+def conversation_stage(tuned: SFTResult, tasks: list, runtime, log) -> list[dict]:
     """A short conversation with the fine-tuned model: one held-out question of each task."""
     from gptlab.chat import ChatFormat
-    from gptlab.chat.tasks import get_task
     from gptlab.data.match import find_model_tokenizer
     from gptlab.eval.chat import grade
 
@@ -175,12 +174,11 @@ def conversation_stage(tuned: SFTResult, task_names: list[str], runtime, log) ->
     model = load_model(tuned.train.checkpoint, device=runtime.device)
     chat = ChatFormat(find_model_tokenizer(tuned.train.checkpoint))
     turns = []
-    for name in task_names:
-        task = get_task(name)
+    for task in tasks:
         for question, response, correct in grade(model, chat, task, task.examples("test", 1)):
             log(f"      user:      {question}")
             log(f"      assistant: {response}   [{'correct' if correct else 'wrong'}]")
-            turns.append({"task": name, "question": question, "response": response, "correct": correct})
+            turns.append({"task": task.name, "question": question, "response": response, "correct": correct})
     return turns
 
 

@@ -28,3 +28,25 @@ def tiny_config(prepared, out, **changes) -> TrainConfig:
         log_every=1,
     )
     return dataclasses.replace(config, **changes)
+
+
+def masked_batches(x, y):
+    """Targets ignored (-100) where the input id is even, and every target of rows starting with an id under 100:
+    micro-batches (and ranks) then hold different numbers of targets, some none at all."""
+    y = y.masked_fill(x % 2 == 0, -100)
+    return x, y.masked_fill((x[:, :1] < 100).expand_as(y), -100)
+
+
+def mask_some_targets(patch=None):
+    """Make ShardLoader serve masked_batches (with pytest's monkeypatch, or for good in a subprocess)."""
+    from gptlab.data.loader import ShardLoader
+
+    original = ShardLoader.next_batch
+
+    def next_batch(self):
+        return masked_batches(*original(self))
+
+    if patch is not None:
+        patch.setattr(ShardLoader, "next_batch", next_batch)
+    else:
+        ShardLoader.next_batch = next_batch

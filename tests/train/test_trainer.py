@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ from gptlab.runtime import GptlabError
 from gptlab.train import Trainer
 from gptlab.train.checkpoint import list_checkpoints
 
-from .conftest import tiny_config
+from .conftest import mask_some_targets, masked_batches, tiny_config
 
 
 def final_weights(out: Path) -> dict[str, torch.Tensor]:
@@ -278,28 +279,13 @@ def test_ddp_ranks_agree_on_the_time_limit_so_none_waits_forever(prepared, tmp_p
     assert list_checkpoints(tmp_path / "ddp")[-1].name == f"step_{step:06d}"
 
 
-def _masking(monkeypatch):
-    """Targets ignored (-100) where the input id is even, and every target of rows starting with an id under 100:
-    micro-batches then hold different numbers of targets, some none at all."""
-    from gptlab.data.loader import ShardLoader
-
-    original = ShardLoader.next_batch
-
-    def next_batch(self):
-        x, y = original(self)
-        y = y.masked_fill(x % 2 == 0, -100)
-        return x, y.masked_fill((x[:, :1] < 100).expand_as(y), -100)
-
-    monkeypatch.setattr(ShardLoader, "next_batch", next_batch)
-
-
 def test_masked_loss_is_the_mean_over_every_counted_target_of_the_step(prepared, tmp_path, monkeypatch):
     """Micro-batches of 1 row (some without a counted target) == one pass of 8 rows == the mean computed by hand."""
-    _masking(monkeypatch)
+    mask_some_targets(monkeypatch)
     from gptlab.data.loader import LoaderConfig, ShardLoader
 
     loader = ShardLoader(prepared / "data", "train", config=LoaderConfig(batch_size=8, seq_len=32, seed=1337))
-    x, y = loader.next_batch()
+    x, y = masked_batches(*loader.next_batch())
     assert (y != -100).sum(dim=1).eq(0).any(), "the test needs a row without targets"
     config = tiny_config(prepared, tmp_path / "one", micro_batch=8, batch_tokens=8 * 32, max_steps=2)
     torch.manual_seed(config.seed)
@@ -310,3 +296,17 @@ def test_masked_loss_is_the_mean_over_every_counted_target_of_the_step(prepared,
     assert split.losses == pytest.approx(one.losses, rel=1e-5) and all(map(torch.isfinite, map(torch.tensor, split.losses)))
     for name, tensor in final_weights(tmp_path / "one").items():
         torch.testing.assert_close(final_weights(tmp_path / "split")[name], tensor, rtol=1e-4, atol=1e-5)
+
+
+MASKED_DDP_SCRIPT = DDP_SCRIPT.replace("from pathlib import Path", "from pathlib import Path\nfrom tests.train.conftest import mask_some_targets\nmask_some_targets()")
+
+
+def test_masked_loss_on_two_gloo_ranks_equals_one_process(prepared, tmp_path, monkeypatch):
+    """Ranks hold different numbers of counted targets: the step's mean is still over all of them (== one process)."""
+    mask_some_targets(monkeypatch)
+    single = quiet(tiny_config(prepared, tmp_path / "single", micro_batch=2, batch_tokens=8 * 32, max_steps=3)).fit()
+    assert all(map(math.isfinite, single.losses))
+    run_on_two_ranks(MASKED_DDP_SCRIPT, prepared, tmp_path)
+    wa, wb = final_weights(tmp_path / "single"), final_weights(tmp_path / "ddp")
+    for name in wa:
+        torch.testing.assert_close(wb[name], wa[name], rtol=1e-4, atol=1e-5)

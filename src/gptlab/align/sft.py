@@ -61,14 +61,17 @@ class SFTConfig(TrainConfig):
         if self.task_every < 0 or self.task_examples < 1:
             raise GptlabError(f"task_every must be 0 or more and task_examples at least 1, got {self.task_every}, {self.task_examples}")
 
-    def task_names(self) -> list[str]:
+    def eval_tasks(self) -> list:
+        """The tasks to measure: the mixture's task: parts with their settings (auto), or those named."""
+        from gptlab.chat.data import load_task
+
         if self.tasks == "none":
             return []
         if self.tasks == "auto":
-            names = [part.source.removeprefix("task:") for part in MixtureConfig.from_spec(self.data).parts
-                     if part.source.startswith("task:")]
-            return list(dict.fromkeys(names))
-        return [name.strip() for name in self.tasks.split(",") if name.strip()]
+            parts = [part for part in MixtureConfig.from_spec(self.data).parts if part.kind == "task"]
+            unique = {(part.source, part.task_options): part for part in parts}
+            return [load_task(source.removeprefix("task:"), options) for source, options in unique]
+        return [load_task(name.strip()) for name in self.tasks.split(",") if name.strip()]
 
 
 def sft_cpu() -> SFTConfig:
@@ -102,7 +105,11 @@ class SFTTrainer(Trainer):
         if not config.data:
             raise GptlabError("no conversations: pass --data SOURCES, e.g. chats.jsonl or task:arithmetic")
         self.init_path = find_checkpoint(config.init_from) or pretrained_path(config.init_from)
-        base = load_any(config.tokenizer) if config.tokenizer else find_model_tokenizer(self.init_path)
+        saved = find_model_tokenizer(self.init_path)
+        base = load_any(config.tokenizer) if config.tokenizer else saved
+        if saved is not None and base.fingerprint() not in (saved.fingerprint(), add_chat_tokens(saved).fingerprint()):
+            raise GptlabError(f"--tokenizer {config.tokenizer} is not the tokenizer saved with {config.init_from}; "
+                              "leave --tokenizer out to use the model's own")
         if base is None:
             raise GptlabError(f"no tokenizer saved with {config.init_from}; pass --tokenizer DIR (the one it was trained with)")
         init = read_pretrained_config(self.init_path)
@@ -187,10 +194,10 @@ def run_sft(config: SFTConfig, *, runtime=None, log: Callable[[str], None] = pri
     """Fine-tune, with held-out task accuracy before and after (every rank calls this under torchrun)."""
     from gptlab.eval.chat import task_accuracy_fn
 
-    names = config.task_names()
+    chosen = config.eval_tasks()
     trainer = SFTTrainer(config, runtime=runtime, log=log, resume=resume, force=force,
-                         sample_fn=chat_sampler("What is 12 + 7?") if "arithmetic" in names else None)
-    tasks = task_accuracy_fn(trainer.chat, names, config.task_examples) if names else None
+                         sample_fn=chat_sampler(chosen[0].examples("test", 1)[0].question) if chosen else None)
+    tasks = task_accuracy_fn(trainer.chat, chosen, config.task_examples) if chosen else None
     trainer.task_fn = tasks
     before = {}
     if tasks is not None:

@@ -18,6 +18,7 @@ A mixture is comma-separated parts, each `SOURCE[OPTIONS][@EPOCHS]`:
 
 Options in brackets: `n` (read only the first N valid conversations; for a task, N examples), `split`
 (a dataset's or task's split, default train) and `column` (a dataset's column, default messages).
+Any other option of a task is its setting: `task:arithmetic[n=5000,digits=3,ops=+-]`.
 `@EPOCHS` is how often the part is seen per mixture epoch, and so its weight: a part's share of the
 mixture is epochs × conversations. Fractional epochs take a seeded subset. The whole epoch is
 shuffled from (seed, epoch), so the order is a pure function of the seed and the position in it.
@@ -68,8 +69,11 @@ class PartConfig:
     n: int | None = None  # only the first n valid conversations (a task: n examples); None: all
     split: str = "train"  # a dataset's or task's split
     column: str = "messages"  # a dataset's column of messages
+    task_options: tuple[tuple[str, int | float | str], ...] = ()  # a task's settings, e.g. (("digits", 3),)
 
     def __post_init__(self) -> None:
+        if self.task_options and not self.source.startswith("task:"):
+            raise GptlabError(f"{self.source}: unknown option {self.task_options[0][0]!r}; options are n=N, split=NAME, column=NAME")
         if not self.source:
             raise GptlabError("a mixture part needs a source: a .jsonl file, hf:DATASET or task:NAME")
         if not (isinstance(self.epochs, (int, float)) and math.isfinite(self.epochs) and self.epochs > 0):
@@ -145,9 +149,13 @@ def _split_outside_brackets(spec: str) -> list[str]:
 
 
 def _parse_options(part: str, text: str) -> dict:
-    options = {}
+    """n, split and column; for a task, any other key=value is a setting of the task (digits=3, ops=+-)."""
+    options, task_options = {}, []
     for item in filter(None, (piece.strip() for piece in text.split(","))):
         key, equals, value = (piece.strip() for piece in item.partition("="))
+        if equals and value and key not in OPTIONS and part.strip().startswith("task:"):
+            task_options.append((key, _option_value(value)))
+            continue
         if not equals or key not in OPTIONS or not value:
             raise GptlabError(f"{part}: unknown option {item!r}; options are n=N, split=NAME, column=NAME")
         if key == "n":
@@ -156,7 +164,19 @@ def _parse_options(part: str, text: str) -> dict:
             options["n"] = int(value)
         else:
             options[key] = value
+    if task_options:
+        options["task_options"] = tuple(task_options)
     return options
+
+
+def _option_value(text: str) -> int | float | str:
+    """"3" -> 3, "0.5" -> 0.5, anything else stays text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 # ---------------------------------------------------------------- reading one source
@@ -285,15 +305,15 @@ def _read_dataset(part: PartConfig, reader: _Reader) -> None:
         reader.add(f"{part.source} row {row}", record[part.column])
 
 
-def load_task(name: str):
-    """The built-in task called `name` (gptlab.chat.tasks.get_task)."""
+def load_task(name: str, options: tuple[tuple[str, int | float | str], ...] = ()):
+    """The built-in task called `name` with its settings (gptlab.chat.tasks.get_task)."""
     try:
         from gptlab.chat.tasks import get_task
     except ModuleNotFoundError as error:
         if error.name != "gptlab.chat.tasks":
             raise
         raise GptlabError(f"task:{name}: this gptlab has no built-in tasks (gptlab.chat.tasks)") from None
-    return get_task(name)
+    return get_task(name, **dict(options))
 
 
 def read_task(part: PartConfig, split: str, n: int | None, *, on_error: str = "skip") -> tuple[list[Conversation], SourceReport]:
@@ -304,7 +324,7 @@ def read_task(part: PartConfig, split: str, n: int | None, *, on_error: str = "s
         raise GptlabError("task: needs a name, e.g. task:arithmetic")
     if part.column != "messages":
         raise GptlabError(f"{part.source}: column is an option of hf: datasets, not of tasks")
-    task = load_task(name)
+    task = load_task(name, part.task_options)
     size = getattr(task, "test_size", None) if split == "test" else None
     if n is None and size is None:
         raise GptlabError(f"{part.source}: say how many {split} examples to make, e.g. {part.source}[n=5000]")

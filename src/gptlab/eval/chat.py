@@ -120,18 +120,25 @@ def evaluate_task(
     return {"accuracy": correct / total, "correct": correct, "total": total}
 
 
-def task_accuracy_fn(chat: ChatFormat, task_names: list[str], n: int, **options) -> Callable[[GPT], dict[str, float]]:
+def task_accuracy_fn(chat: ChatFormat, task_names: list[str | Task], n: int, **options) -> Callable[[GPT], dict[str, float]]:
     """A function model -> {"<name>_accuracy": value, ...} for the Trainer's `task_fn`.
 
     `options` (batch_size, max_new_tokens, autocast, split) go to evaluate_task. Unknown task names
-    raise here, before training starts.
+    raise here, before training starts. A task whose held-out split is smaller than n is evaluated on all of it.
     """
-    tasks = [get_task(name) for name in task_names]
+    tasks = [name if isinstance(name, Task) else get_task(name) for name in task_names]
 
     def evaluate(model: GPT) -> dict[str, float]:
-        return {f"{task.name}_accuracy": evaluate_task(model, chat, task, n=n, **options)["accuracy"] for task in tasks}
+        return {f"{task.name}_accuracy": evaluate_task(model, chat, task, n=_capped(task, n, options), **options)["accuracy"]
+                for task in tasks}
 
     return evaluate
+
+
+def _capped(task: Task, n: int, options: dict) -> int:
+    """n, or the whole held-out split when it is smaller (1-digit addition has 25 held-out questions)."""
+    size = getattr(task, "test_size", None)
+    return min(n, size) if size and options.get("split", "test") == "test" else n
 
 
 def _rank_and_world() -> tuple[int, int]:
