@@ -69,7 +69,7 @@ class RunConfig:
     val_every: int = 10  # every val_every-th document is held out: unseen by the tokenizer, the val split
     tokenizer: TokenizerStageConfig = field(default_factory=TokenizerStageConfig)
     data: DataStageConfig = field(default_factory=DataStageConfig)
-    train: TrainConfig = field(default_factory=shakespeare_cpu)  # data, out and tokenizer are set by the run
+    train: TrainConfig = field(default_factory=lambda: dataclasses.replace(shakespeare_cpu(), max_steps=250))  # data, out, tokenizer: the run's
     sample: SampleStageConfig = field(default_factory=SampleStageConfig)
     sft: SFTConfig = field(default_factory=sft_cpu)  # fine-tuning for chat; init_from, out and model are set by the run
 

@@ -142,3 +142,24 @@ def test_sft_base_tokenizer_must_match_the_model(base, prepared, tmp_path):
     with pytest.raises(GptlabError, match="is not the tokenizer saved with"):
         SFTTrainer(sft_config(base, tmp_path / "out", tokenizer=str(tmp_path / "other")), log=lambda *_: None)
     SFTTrainer(sft_config(base, tmp_path / "out", tokenizer=str(prepared / "tokenizer")), log=lambda *_: None)  # its own: fine
+
+
+SFT_DDP_SCRIPT = """
+import sys
+from pathlib import Path
+from gptlab.align.sft import run_sft
+from tests.align.test_sft import sft_config
+result = run_sft(sft_config(Path(sys.argv[1]), Path(sys.argv[2]), micro_batch=4, max_steps=2, task_examples=4),
+                 log=lambda *_: None)
+print(f"status {result.status}", flush=True)  # one write: the ranks' lines never interleave
+"""
+
+
+def test_sft_runs_on_two_gloo_ranks(base, tmp_path):
+    """Under torchrun every rank reads its own conversations; the checkpoint holds both ranks' loader states."""
+    from ..train.test_trainer import run_on_two_ranks
+
+    result = run_on_two_ranks(SFT_DDP_SCRIPT, base, tmp_path)
+    assert result.stdout.count("status finished") == 2
+    state = json.loads((list_checkpoints(tmp_path / "ddp")[-1] / "trainer_state.json").read_text())
+    assert [loader["rank"] for loader in state["loader"]] == [0, 1]

@@ -35,7 +35,7 @@ class FakeTask:
 
 @pytest.fixture
 def fake_task(monkeypatch):
-    monkeypatch.setattr(data, "load_task", lambda name: FakeTask())
+    monkeypatch.setattr(data, "load_task", lambda name, options=(): FakeTask())
 
 
 # ---------------------------------------------------------------- the spec string

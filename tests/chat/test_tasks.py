@@ -217,3 +217,13 @@ def test_spelling_counts_are_balanced_so_no_single_guess_scores_well():
     for count in (0, 1):
         assert 0.25 < answers.count(count) / len(answers) < 0.42
     assert 0.25 < sum(count >= 2 for count in answers) / len(answers) < 0.42
+
+
+def test_arithmetic_verify_rejects_a_wrong_restatement_with_the_right_total():
+    """'9 + 2 = 10' answers 10 to 'What is 8 + 2?', but not to that question: wrong."""
+    from gptlab.chat.tasks import get_task
+
+    task = get_task("arithmetic", digits=1)
+    example = next(e for e in task.examples("test", 25) if e.question == "What is 8 + 2?")
+    assert task.verify(example, "8 + 2 = 10") and task.verify(example, "8+2 = 10") and task.verify(example, "10")
+    assert not task.verify(example, "9 + 2 = 10") and not task.verify(example, "8 + 2 = 11")

@@ -10,20 +10,14 @@ import pytest
 from gptlab.chat import ChatFormat
 from gptlab.chat.context import fit_context
 from gptlab.cli.main import main
-from gptlab.infer import SamplingConfig, generate
-from gptlab.model.io import load_model
 from gptlab.tokenizer import Tokenizer
+from tests.chat import reference as chat_reference
 
 MAX_TOKENS = 12
 
 
 def reference_reply(folder, messages, max_tokens=MAX_TOKENS) -> str:
-    """The greedy reply to `messages` from the Python API: ChatFormat.prompt, generate, decode."""
-    model, tokenizer = load_model(folder), Tokenizer.load(folder / "tokenizer")
-    chat_format = ChatFormat(tokenizer)
-    config = SamplingConfig(max_new_tokens=max_tokens, temperature=0, stop_tokens=chat_format.stop_tokens,
-                            vocab_size=tokenizer.vocab_size)
-    return tokenizer.decode(generate(model, [chat_format.prompt(messages)], config)[0])
+    return chat_reference.reference_reply(folder, messages, max_tokens)
 
 
 def chat(monkeypatch, folder, lines, *flags) -> int:

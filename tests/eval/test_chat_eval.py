@@ -132,7 +132,7 @@ from pathlib import Path
 dist.init_process_group("gloo")
 folder = Path(sys.argv[1])
 result = evaluate_task(load_model(folder), ChatFormat(Tokenizer.load(folder / "tokenizer")), EvenLength(), n=7, batch_size=2, max_new_tokens=16)
-print("RESULT", dist.get_rank(), json.dumps(result))
+print(f"RESULT {dist.get_rank()} {json.dumps(result)}", flush=True)  # one write per line: ranks never interleave
 dist.destroy_process_group()
 """
 

@@ -12,10 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gptlab.chat import ChatFormat
-from gptlab.infer import SamplingConfig, generate
-from gptlab.model.io import load_model
-from gptlab.tokenizer import Tokenizer
+from tests.chat import reference as chat_reference
 
 MAX_TOKENS = 16
 BROWSER_INSTALL = "sudo apt-get install chromium chromium-driver"
@@ -23,12 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def reference_reply(folder, messages, max_tokens=MAX_TOKENS) -> str:
-    """The greedy reply from the Python API: ChatFormat.prompt, generate, decode."""
-    model, tokenizer = load_model(folder), Tokenizer.load(folder / "tokenizer")
-    chat_format = ChatFormat(tokenizer)
-    config = SamplingConfig(max_new_tokens=max_tokens, temperature=0, stop_tokens=chat_format.stop_tokens,
-                            vocab_size=tokenizer.vocab_size)
-    return tokenizer.decode(generate(model, [chat_format.prompt(messages)], config)[0])
+    return chat_reference.reference_reply(folder, messages, max_tokens)
 
 
 def start_server(model: Path) -> tuple[subprocess.Popen, str]:

@@ -29,13 +29,12 @@ import torch
 from gptlab.chat import ChatFormat, add_chat_tokens
 from gptlab.chat.data import Mixture, MixtureConfig
 from gptlab.chat.loader import ConversationLoader, ConversationLoaderConfig
-from gptlab.data.match import find_model_tokenizer
+from gptlab.data.match import find_model_tokenizer, load_tokenizer
 from gptlab.model import GPT
 from gptlab.model.hf import load_pretrained_directory, pretrained_path, read_pretrained_config
 from gptlab.model.resize import grow_vocab
 from gptlab.runtime import GptlabError
 from gptlab.runtime.device import resolve_precision
-from gptlab.tokenizer.pretrained import load_any
 from gptlab.train.checkpoint import find_checkpoint
 from gptlab.train.config import TrainConfig
 from gptlab.train.optim import OptimizerConfig
@@ -75,18 +74,22 @@ class SFTConfig(TrainConfig):
 
 
 def sft_cpu() -> SFTConfig:
-    """Minutes on 2 CPU cores: the demo's fine-tuning of its Shakespeare model on the built-in tasks."""
+    """About 2.5 minutes on 2 CPU cores: the demo's fine-tuning of its Shakespeare model on two built-in tasks.
+
+    Single digits and common words are tokens the Shakespeare model knows; 2-digit numbers are rare
+    tokens whose embeddings it barely trained, so 1-digit sums are what it can learn in minutes.
+    """
     return SFTConfig(
-        data="task:arithmetic[n=20000], task:spelling[n=20000], task:sorting[n=20000]",
-        optimizer=OptimizerConfig(lr=1e-3, weight_decay=0.0, betas=(0.9, 0.95)),
+        data="task:arithmetic[n=20000,digits=1], task:spelling[n=20000]",
+        optimizer=OptimizerConfig(lr=3e-3, weight_decay=0.0, betas=(0.9, 0.95)),
         schedule=ScheduleConfig(kind="cosine", warmup_steps=10, min_lr_ratio=0.0),
-        batch_tokens=4096,
-        micro_batch=32,
+        batch_tokens=2048,
+        micro_batch=16,
         seq_len=128,
-        max_steps=150,
-        eval_every=50,
+        max_steps=240,
+        eval_every=80,
         eval_batches=10,
-        checkpoint_every=100,
+        checkpoint_every=120,
     )
 
 
@@ -106,7 +109,7 @@ class SFTTrainer(Trainer):
             raise GptlabError("no conversations: pass --data SOURCES, e.g. chats.jsonl or task:arithmetic")
         self.init_path = find_checkpoint(config.init_from) or pretrained_path(config.init_from)
         saved = find_model_tokenizer(self.init_path)
-        base = load_any(config.tokenizer) if config.tokenizer else saved
+        base = load_tokenizer(config.tokenizer) if config.tokenizer else saved
         if saved is not None and base.fingerprint() not in (saved.fingerprint(), add_chat_tokens(saved).fingerprint()):
             raise GptlabError(f"--tokenizer {config.tokenizer} is not the tokenizer saved with {config.init_from}; "
                               "leave --tokenizer out to use the model's own")

@@ -39,6 +39,11 @@ def load_matching_tokenizer(data: str | os.PathLike, spec: str) -> Tokenizer:
     return check_tokenizer(data, load_any(spec), spec)
 
 
+def load_tokenizer(spec: str) -> Tokenizer:
+    """The tokenizer a user names: a gptlab or Hugging Face folder or file, or a name (gpt2, cl100k_base)."""
+    return load_any(spec)
+
+
 def find_model_tokenizer(folder: str | os.PathLike) -> Tokenizer | None:
     """The tokenizer saved with a model: `FOLDER/tokenizer/` (gptlab checkpoints and runs) or tokenizer files in
     FOLDER itself (Hugging Face folders); None when there is none."""

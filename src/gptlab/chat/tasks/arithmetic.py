@@ -12,6 +12,7 @@ Task machinery (gptlab.chat.tasks.base).
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 
 from gptlab.chat.tasks.base import Example, Task, last_integer
@@ -19,6 +20,9 @@ from gptlab.runtime import GptlabError
 
 OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 MAX_DIGITS = 9
+
+
+EQUATION = re.compile(r"(\d+\s*[-+*]\s*\d+)\s*=")  # "23 + 58 =" in a reply
 
 
 @dataclass(frozen=True)
@@ -56,4 +60,8 @@ class Arithmetic(Task):
         return rng.randint(low, 10**length - 1)
 
     def verify(self, example: Example, response: str) -> bool:
+        """The last number is the answer; a restated sum must be the question's ("9 + 2 = 10" for 8 + 2 is wrong)."""
+        restated = EQUATION.search(response)
+        if restated and " ".join(restated.group(1).replace("+", " + ").replace("-", " - ").replace("*", " * ").split()) != example.question.removeprefix("What is ").removesuffix("?"):
+            return False
         return last_integer(response) == int(example.answer)
