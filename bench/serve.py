@@ -114,30 +114,37 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def decode_speed(folder: Path, prompt: list[int], new_tokens: int) -> None:
-    """gptlab's engine alone vs transformers generate, same weights, prompt and tokens."""
+def decode_speed(folder: Path, prompt: list[int], new_tokens: int, rounds: int) -> None:
+    """gptlab's engine alone vs transformers generate, same weights, prompt and tokens, in alternating rounds."""
     import transformers
+    from scipy.stats import mannwhitneyu
 
     model = load_pretrained_directory(folder).eval()
     with tempfile.TemporaryDirectory() as hf_dir:
         export_hf(model, hf_dir)
         reference = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
     config = SamplingConfig(max_new_tokens=new_tokens, temperature=0)
-    with Engine(model, EngineConfig(slots=1)) as engine:
-        list(engine.submit(prompt, SamplingConfig(max_new_tokens=8, temperature=0)))  # warm-up
-        start = time.perf_counter()
-        ours = list(engine.submit(prompt, config))
-        gptlab_rate = new_tokens / (time.perf_counter() - start)
     idx = torch.tensor([prompt])
     options = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False, "pad_token_id": 0}
-    with torch.inference_mode():
-        reference.generate(idx, **{**options, "max_new_tokens": 8, "min_new_tokens": 8})  # warm-up
-        start = time.perf_counter()
-        theirs = reference.generate(idx, **options)[0, len(prompt):].tolist()
-        hf_rate = new_tokens / (time.perf_counter() - start)
-    print(f"\nsingle stream, in process, {new_tokens} new tokens, prompt {len(prompt)}, greedy (prefill included)")
-    print(f"decode  gptlab engine {gptlab_rate:8.1f} tokens/s  transformers generate {hf_rate:8.1f} tokens/s  "
-          f"ratio {gptlab_rate / hf_rate:.2f}  (transformers {transformers.__version__})")
+    rates: dict[str, list[float]] = {"gptlab": [], "transformers": []}
+    with Engine(model, EngineConfig(slots=1)) as engine, torch.inference_mode():
+        list(engine.submit(prompt, SamplingConfig(max_new_tokens=8, temperature=0)))  # warm-up
+        reference.generate(idx, **{**options, "max_new_tokens": 8, "min_new_tokens": 8})
+        for _ in range(rounds):
+            start = time.perf_counter()
+            ours = list(engine.submit(prompt, config))
+            rates["gptlab"].append(new_tokens / (time.perf_counter() - start))
+            start = time.perf_counter()
+            theirs = reference.generate(idx, **options)[0, len(prompt):].tolist()
+            rates["transformers"].append(new_tokens / (time.perf_counter() - start))
+    ours_rate, hf_rate = statistics.median(rates["gptlab"]), statistics.median(rates["transformers"])
+    p = mannwhitneyu(rates["gptlab"], rates["transformers"]).pvalue
+    print(f"\nsingle stream, in process, {new_tokens} new tokens, prompt {len(prompt)}, greedy (prefill included), "
+          f"medians of {rounds} alternating rounds")
+    print(f"decode  gptlab engine {ours_rate:8.1f} tokens/s  transformers generate {hf_rate:8.1f} tokens/s  "
+          f"ratio {ours_rate / hf_rate:.2f}  p={p:.3f} (Mann-Whitney)  (transformers {transformers.__version__})")
+    for name, values in rates.items():
+        print(f"  {name:12s} rounds: {', '.join(f'{v:.0f}' for v in values)}")
     print(f"tokens identical: {'yes' if ours == theirs else 'NO'}")
 
 
@@ -149,6 +156,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3, help="streams each client runs in turn (default 3)")
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds of the decode comparison (default 7)")
+    parser.add_argument("--decode-only", action="store_true", help="only the single-stream comparison with transformers")
     args = parser.parse_args()
     print(header("Serving: gptlab serve under 1/4/8 concurrent streams; decode vs transformers generate", ["gptlab", "torch",
                                                                                                      "transformers", "uvicorn"]))
@@ -167,21 +176,27 @@ def main() -> None:
               f"torch threads {torch.get_num_threads()}")
         print(f"# each stream: prompt {args.prompt_tokens} ids, {args.new_tokens} new tokens, greedy; "
               f"{args.requests} streams per client\n")
-        child, port = start_server(str(folder), args.slots)
-        try:
-            one_stream(port, prompts[0], 8)  # warm-up
-            aggregates = {}
-            print(f"{'clients':>7} {'ttft p50':>9} {'ttft p99':>9} {'tok/s/stream p50':>17} {'p99 (slowest)':>14} {'aggregate tok/s':>16}")
-            for clients in LEVELS:
-                level = run_level(port, clients, args.requests, prompts, args.new_tokens)
-                aggregates[clients] = level["aggregate"]
-                print(f"{clients:>7} {percentile(level['ttft'], .5) * 1000:7.1f}ms {percentile(level['ttft'], .99) * 1000:7.1f}ms "
-                      f"{statistics.median(level['rate']):17.1f} {percentile(level['rate'], .01):14.1f} {level['aggregate']:16.1f}")
-            print(f"aggregate ratio 8 clients / 1 client: {aggregates[8] / aggregates[1]:.2f}  (target >= 3)")
-        finally:
-            child.terminate()
-            child.wait()
-        decode_speed(folder, prompts[0], args.new_tokens)
+        if not args.decode_only:
+            serve_levels(folder, args, prompts)
+        decode_speed(folder, prompts[0], args.new_tokens, args.rounds)
+
+
+def serve_levels(folder: Path, args: argparse.Namespace, prompts: list[list[int]]) -> None:
+    """1, 4 and 8 concurrent streaming clients against a `gptlab serve` child process."""
+    child, port = start_server(str(folder), args.slots)
+    try:
+        one_stream(port, prompts[0], 8)  # warm-up
+        aggregates = {}
+        print(f"{'clients':>7} {'ttft p50':>9} {'ttft p99':>9} {'tok/s/stream p50':>17} {'p99 (slowest)':>14} {'aggregate tok/s':>16}")
+        for clients in LEVELS:
+            level = run_level(port, clients, args.requests, prompts, args.new_tokens)
+            aggregates[clients] = level["aggregate"]
+            print(f"{clients:>7} {percentile(level['ttft'], .5) * 1000:7.1f}ms {percentile(level['ttft'], .99) * 1000:7.1f}ms "
+                  f"{statistics.median(level['rate']):17.1f} {percentile(level['rate'], .01):14.1f} {level['aggregate']:16.1f}")
+        print(f"aggregate ratio 8 clients / 1 client: {aggregates[8] / aggregates[1]:.2f}  (target >= 3)")
+    finally:
+        child.terminate()
+        child.wait()
 
 
 if __name__ == "__main__":

@@ -153,8 +153,12 @@ class Block(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, rotary=None, cache=None, layer: int = 0, mask=None):
-        x = x + self.dropout(self.attn(self.ln_1(x), rotary, cache, layer, mask))
-        return x + self.dropout(self.mlp(self.ln_2(x)))
+        if self.training and self.dropout.p > 0:
+            x = x + self.dropout(self.attn(self.ln_1(x), rotary, cache, layer, mask))
+            return x + self.dropout(self.mlp(self.ln_2(x)))
+        # no dropout: skip its module calls, a visible cost when decoding one token at a time
+        x = x + self.attn(self.ln_1(x), rotary, cache, layer, mask)
+        return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
@@ -236,7 +240,8 @@ class GPT(nn.Module):
             rotary = (self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1))  # (B|1, 1, T, D)
         if mask is None and cache is not None and start > 0:
             mask = torch.ones(T, start + T, dtype=torch.bool, device=idx.device).tril(diagonal=start)[None, None]
-        x = self.transformer["drop"](x)
+        if self.training and self.config.dropout > 0:
+            x = self.transformer["drop"](x)
         for layer, block in enumerate(self.transformer["h"]):
             x = block(x, rotary, cache, layer, mask)
         if cache is not None:
