@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-QUESTIONS = ["Who was Romeo?", "And what became of Juliet?"]
+QUESTIONS = ["What is 3 + 4?", "Spell the word \"crown\" letter by letter."]  # the demo's fine-tuning tasks
 
 
 def make_random_chat_model(folder: Path) -> Path:
@@ -73,8 +73,8 @@ def converse(driver, url: str, out: Path) -> None:
     driver.get(url)
     wait.until(lambda _: find("#model").text not in ("", "connecting…"))
     find("#settings summary").click()
-    find("#system").send_keys("You are a helpful assistant who knows Shakespeare.")
-    for field, value in (("#temperature", "0.7"), ("#max-tokens", "48")):
+    # no system prompt: the demo's model was fine-tuned on conversations without one
+    for field, value in (("#temperature", "0"), ("#max-tokens", "48")):
         find(field).clear()
         find(field).send_keys(value)
     find("#settings summary").click()  # folded again: the conversation fills the picture
