@@ -46,6 +46,10 @@ from gptlab.train.trainer import RUN_FILES, Trainer, TrainResult
 class SFTConfig(TrainConfig):
     """TrainConfig's fields (data is a mixture spec, init_from the base model), and these."""
 
+    data: str = ""  # conversations: a mixture of .jsonl files, hf:DATASET and task:NAME parts (gptlab.chat.data)
+    init_from: str = ""  # the base model: a run, checkpoint or model folder (--init)
+    tokenizer: str = ""  # the base model's tokenizer, when it has none saved with it (the chat tokens are added)
+
     val_fraction: float = 0.05  # held out of every file and dataset for val loss (tasks: their test split)
     on_error: str = "skip"  # malformed conversations: skip (counted, reported) | refuse (stop at the first)
     rows: str = "pack"  # pack (several conversations per row, each seeing only itself) | pad (one per row)

@@ -14,6 +14,8 @@ import argparse
 import dataclasses
 
 DEFAULT_PRESET = "sft-cpu"
+# set by --init, or meaningless for conversations: left out of --help
+IGNORED = ("init_from", "model", "loader_mode", "hellaswag_every", "hellaswag_path", "hellaswag_limit")
 
 
 def register(stages) -> None:
@@ -27,7 +29,7 @@ def register(stages) -> None:
         description="Supervised fine-tuning: the base model gains the chat tokens and learns from conversations "
         "(JSONL in the OpenAI messages format, hf:DATASET, built-in task:NAME; see gptlab.chat.data for mixtures).",
         epilog=f"config fields (dotted, --key value; defaults of the {DEFAULT_PRESET} preset):\n"
-        + describe_fields(SFT_PRESETS[DEFAULT_PRESET](), skip={"init_from": "", "model": ""}),
+        + describe_fields(SFT_PRESETS[DEFAULT_PRESET](), skip=IGNORED),
     )
     parser.add_argument("--init", required=True, metavar="MODEL", help="the base model: a run, checkpoint or model folder")
     parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(SFT_PRESETS), help=f"{DEFAULT_PRESET} (default)")
@@ -55,7 +57,8 @@ def resolve_config(args: argparse.Namespace):
         defaults["seq_len"] = init.block_size
         if "batch_tokens" not in given and "micro_batch" not in given:
             defaults["micro_batch"] = base.batch_tokens // init.block_size
-    return apply_overrides(base, args.overrides, defaults=defaults)
+    unused = {key: "fine-tuning does not use it" for key in IGNORED if key not in ("init_from", "model")}
+    return apply_overrides(base, args.overrides, defaults=defaults, fixed=unused)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -51,19 +51,23 @@ def flag(key: str) -> str:
 
 @functools.cache
 def field_comments(cls: type) -> dict[str, str]:
-    """{field: the comment at the end of its line} from the class source ({} when the source is not at hand)."""
+    """{field: the comment at the end of its line} from the class source, and its dataclass bases' for the
+    fields it inherits ({} when the source is not at hand)."""
+    comments: dict[str, str] = {}
+    for base in cls.__mro__[1:]:
+        if dataclasses.is_dataclass(base):
+            comments.update(field_comments(base))
     try:
         source = inspect.getsource(cls)
     except (OSError, TypeError):
-        return {}
-    comments: dict[str, str] = {}
+        return comments
     names = {field.name for field in dataclasses.fields(cls)}
     line_name: dict[int, str] = {}
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.NAME and token.start[1] == 4 and token.string in names:
             line_name.setdefault(token.start[0], token.string)
         elif token.type == tokenize.COMMENT and token.start[0] in line_name:
-            comments.setdefault(line_name[token.start[0]], token.string.lstrip("#").strip())
+            comments[line_name[token.start[0]]] = token.string.lstrip("#").strip()
     return comments
 
 
@@ -99,10 +103,11 @@ def _show(value: Any) -> str:
 
 
 def describe_fields(config: Any, *, skip: typing.Iterable[str] = ()) -> str:
-    """One line per field: flag, type, default and meaning (for `--help`)."""
+    """One line per field: flag, type, default and meaning (for `--help`); `skip` leaves out keys and groups."""
     skipped = set(skip)
     rows = [(f"{info.flag} {_type_name(info.kind)}", _show(info.default), info.help)
-            for info in config_fields(config) if info.key not in skipped]
+            for info in config_fields(config)
+            if info.key not in skipped and not any(info.key.startswith(group + ".") for group in skipped)]
     width = max(len(row[0]) for row in rows)
     default_width = min(max(len(row[1]) for row in rows), 14)
     return "\n".join(f"  {name:<{width}}  {default:<{default_width}}  {meaning}".rstrip() for name, default, meaning in rows)
