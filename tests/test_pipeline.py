@@ -163,3 +163,26 @@ def test_ctrl_c_during_training_stops_the_run_with_130_and_the_same_command_resu
     assert "resumed from" in log and "step_000003 at step 3" in log and "val bits per byte" in log
     records = [json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == list(range(1, 13))  # each step logged once
+
+
+def test_ctrl_c_during_fine_tuning_stops_with_130_and_the_same_command_resumes_it(tmp_path, monkeypatch, capsys):
+    from gptlab.align.sft import SFTTrainer
+
+    real_log_step = SFTTrainer._log_step
+
+    def interrupted_at_step_2(self, *args):
+        real_log_step(self, *args)
+        if self.state.step == 2 and not getattr(SFTTrainer, "_interrupted", False):
+            SFTTrainer._interrupted = True
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(SFTTrainer, "_log_step", interrupted_at_step_2)
+    monkeypatch.setattr(SFTTrainer, "_interrupted", False, raising=False)
+    out = tmp_path / "run"
+    assert main(["run", "--out", str(out), *SMALL]) == 130
+    log = capsys.readouterr().out
+    assert "interrupted: rerun the same command to resume" in log and "[9/9]" not in log
+    assert sorted(p.name for p in (out / "sft" / "checkpoints").iterdir()) == ["step_000002"]
+    assert main(["run", "--out", str(out), *SMALL]) == 0
+    log = capsys.readouterr().out
+    assert "already finished" in log and "step_000002 at step 2" in log and "[9/9] chat" in log
