@@ -227,3 +227,15 @@ def test_arithmetic_verify_rejects_a_wrong_restatement_with_the_right_total():
     example = next(e for e in task.examples("test", 25) if e.question == "What is 8 + 2?")
     assert task.verify(example, "8 + 2 = 10") and task.verify(example, "8+2 = 10") and task.verify(example, "10")
     assert not task.verify(example, "9 + 2 = 10") and not task.verify(example, "8 + 2 = 11")
+
+
+def test_arithmetic_answer_alone_when_work_is_0():
+    from gptlab.chat.tasks import get_task
+    from gptlab.runtime import GptlabError
+
+    plain, worked = get_task("arithmetic", digits=1, work=0), get_task("arithmetic", digits=1)
+    for a, b in zip(plain.examples("test", 25), worked.examples("test", 25)):
+        assert a.question == b.question and a.reply == a.answer == b.answer and b.reply.endswith(f"= {b.answer}")
+        assert plain.verify(a, a.reply) and plain.verify(a, b.reply)
+    with pytest.raises(GptlabError, match="work must be 1"):
+        get_task("arithmetic", work=2)

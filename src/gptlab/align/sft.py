@@ -190,6 +190,7 @@ class SFTResult:
     before: dict[str, float] = field(default_factory=dict)  # task accuracies of the base model (grown, untuned)
     after: dict[str, float] = field(default_factory=dict)  # ... and of the fine-tuned one
     rows: dict[str, int] = field(default_factory=dict)  # the train loader's counts: conversations, truncated, dropped, ...
+    seen: dict[str, float] = field(default_factory=dict)  # accuracy after, on questions of the training split
 
     @property
     def status(self) -> str:
@@ -211,13 +212,18 @@ def run_sft(config: SFTConfig, *, runtime=None, log: Callable[[str], None] = pri
         base = load_pretrained_directory(trainer.init_path, device=trainer.runtime.device)
         before = tasks(grow_vocab(base, trainer.config.model.vocab_size, new_from=trainer.base_vocab))
     result = trainer.fit()
-    after = tasks(trainer.model) if tasks is not None and result.status != "interrupted" else {}
+    after, seen = {}, {}
+    if tasks is not None and result.status != "interrupted":
+        after = tasks(trainer.model)
+        # the same measure on questions it trained on: learning what it was taught, apart from generalising
+        seen = task_accuracy_fn(trainer.chat, chosen, config.task_examples, split="train")(trainer.model)
     rows = dict(trainer.train_loader.stats) if hasattr(trainer, "train_loader") else {}
     if trainer.runtime.is_main:
         if rows.get("truncated") or rows.get("dropped"):
             log(f"conversations longer than seq_len {config.seq_len}: {rows['truncated']} cut at a turn boundary, "
                 f"{rows['dropped']} dropped (of {rows['conversations']} served)")
         for key in after:
-            log(f"{key}: {before.get(key, float('nan')):.3f} before fine-tuning -> {after[key]:.3f} after")
+            log(f"{key}: {before.get(key, float('nan')):.3f} before fine-tuning -> {after[key]:.3f} after on held-out "
+                f"questions ({seen[key]:.3f} on questions it trained on)")
         log(f"{result.status} after {result.steps} steps in {result.seconds:.0f} s; checkpoint {result.checkpoint}")
-    return SFTResult(result, before, after, rows)
+    return SFTResult(result, before, after, rows, seen)

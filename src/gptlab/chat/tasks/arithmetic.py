@@ -32,12 +32,15 @@ class Arithmetic(Task):
     name = "arithmetic"
     digits: int = 2  # operands have 1 to `digits` digits
     ops: str = "+"  # the operations to draw from, any of "+-*"
+    work: int = 1  # 1: the reply restates the sum ("23 + 58 = 81"); 0: the answer alone ("81")
 
     def __post_init__(self) -> None:
         if isinstance(self.digits, bool) or not isinstance(self.digits, int) or not 1 <= self.digits <= MAX_DIGITS:
             raise GptlabError(f"arithmetic digits must be a whole number from 1 to {MAX_DIGITS}, got {self.digits!r}")
         if not isinstance(self.ops, str) or not self.ops or set(self.ops) - set(OPERATIONS) or len(set(self.ops)) < len(self.ops):
             raise GptlabError(f"arithmetic ops must be distinct characters from {''.join(OPERATIONS)!r}, e.g. '+-', got {self.ops!r}")
+        if self.work not in (0, 1) or isinstance(self.work, bool):
+            raise GptlabError(f"arithmetic work must be 1 (restate the sum) or 0 (the answer alone), got {self.work!r}")
 
     @property
     def test_size(self) -> int:  # type: ignore[override]
@@ -52,7 +55,8 @@ class Arithmetic(Task):
         if op == "-" and a < b:
             a, b = b, a
         result = OPERATIONS[op](a, b)
-        return Example(question=f"What is {a} {op} {b}?", reply=f"{a} {op} {b} = {result}", answer=str(result))
+        reply = f"{a} {op} {b} = {result}" if self.work else str(result)
+        return Example(question=f"What is {a} {op} {b}?", reply=reply, answer=str(result))
 
     def _operand(self, rng: random.Random) -> int:
         length = rng.randint(1, self.digits)
