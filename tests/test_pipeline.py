@@ -140,19 +140,24 @@ def test_a_run_refused_before_training_leaves_nothing_and_the_corrected_command_
     assert main(["run", "--out", str(out), *SMALL, "--train.max-steps", "1"]) == 0
 
 
+def interrupt_once(monkeypatch, trainer_class, at_step: int) -> None:
+    """Ctrl-C (KeyboardInterrupt) once, right after `trainer_class` logs step `at_step`."""
+    real_log_step = trainer_class._log_step
+    done = []
+
+    def log_step(self, *args):
+        real_log_step(self, *args)
+        if self.state.step == at_step and not done:
+            done.append(True)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer_class, "_log_step", log_step)
+
+
 def test_ctrl_c_during_training_stops_the_run_with_130_and_the_same_command_resumes(tmp_path, monkeypatch, capsys):
     from gptlab.train import Trainer
 
-    real_log_step = Trainer._log_step
-
-    def interrupted_at_step_3(self, *args):
-        real_log_step(self, *args)
-        if self.state.step == 3 and not getattr(Trainer, "_interrupted", False):
-            Trainer._interrupted = True
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Trainer, "_log_step", interrupted_at_step_3)
-    monkeypatch.setattr(Trainer, "_interrupted", False, raising=False)
+    interrupt_once(monkeypatch, Trainer, at_step=3)
     out = tmp_path / "run"
     assert main(["run", "--out", str(out), *SMALL]) == 130
     log = capsys.readouterr().out
@@ -168,16 +173,7 @@ def test_ctrl_c_during_training_stops_the_run_with_130_and_the_same_command_resu
 def test_ctrl_c_during_fine_tuning_stops_with_130_and_the_same_command_resumes_it(tmp_path, monkeypatch, capsys):
     from gptlab.align.sft import SFTTrainer
 
-    real_log_step = SFTTrainer._log_step
-
-    def interrupted_at_step_2(self, *args):
-        real_log_step(self, *args)
-        if self.state.step == 2 and not getattr(SFTTrainer, "_interrupted", False):
-            SFTTrainer._interrupted = True
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(SFTTrainer, "_log_step", interrupted_at_step_2)
-    monkeypatch.setattr(SFTTrainer, "_interrupted", False, raising=False)
+    interrupt_once(monkeypatch, SFTTrainer, at_step=2)
     out = tmp_path / "run"
     assert main(["run", "--out", str(out), *SMALL]) == 130
     log = capsys.readouterr().out
