@@ -47,6 +47,8 @@ bench: $(VENV)/.installed-dev
 	$(PY) bench/generate.py
 	$(PY) bench/eval_hellaswag.py
 	$(PY) bench/shakespeare_cpu.py
+	$(PY) bench/sft_throughput.py
+	$(PY) bench/serve.py
 
 # Re-resolve every dependency (newest versions pyproject.toml allows) in a fresh venv and record them.
 lock:
