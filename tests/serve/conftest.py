@@ -59,10 +59,12 @@ class Hold:
 
     def __init__(self) -> None:
         self.active = False
+        self.holding = threading.Event()  # set once the engine waits: a request is running
 
     def __call__(self, engine: Engine) -> None:
         if not self.active:
             return
+        self.holding.set()
         with engine._condition:  # the engine's own lock: cancel() notifies it
             engine._condition.wait_for(
                 lambda: any(slot is not None and slot.request.cancel_requested for slot in engine._slots), timeout=30

@@ -169,6 +169,24 @@ def test_disconnect_mid_stream_cancels_the_request_and_frees_its_slot(server, se
     assert client(server).models.list().data  # and the server goes on
 
 
+def test_disconnect_during_a_whole_answer_cancels_the_request_and_frees_its_slot(server, served, hold):
+    """Not streaming: the client leaves while the engine holds its request; the server notices and cancels it."""
+    before = server.engine.stats.finished.get("cancelled", 0)
+    hold.holding.clear()
+    hold.active = True
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        body = {"prompt": "ROMEO:", "max_tokens": MAX_TOKENS_LIMIT, "temperature": 0}
+        connection.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+        assert hold.holding.wait(60)  # the request is decoding
+        connection.close()
+        assert server.engine.wait_idle(60)
+    finally:
+        hold.active = False
+    assert server.engine.stats.finished.get("cancelled", 0) == before + 1
+    assert client(server).models.list().data  # and the server goes on
+
+
 # ---------------------------------------------------------------- safety: keys and bad requests
 
 

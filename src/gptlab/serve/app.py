@@ -29,9 +29,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
-from fastapi import Depends, FastAPI, Header
+from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from gptlab.chat import ChatFormat
@@ -105,7 +105,7 @@ def build_app(
         return {"object": "list", "data": [model]}
 
     @app.post("/v1/chat/completions", dependencies=[Depends(check_key)])
-    async def chat_completions(body: ChatRequest):
+    async def chat_completions(body: ChatRequest, http: Request):
         chat = chat_format
         if chat is None:
             try:
@@ -118,10 +118,10 @@ def build_app(
             prompt = chat.prompt(messages)
         except GptlabError as error:
             raise APIError(400, str(error), param="messages") from None
-        return await runner.respond(body, [prompt], chat.stop_tokens, chat=True)
+        return await runner.respond(body, [prompt], chat.stop_tokens, chat=True, http=http)
 
     @app.post("/v1/completions", dependencies=[Depends(check_key)])
-    async def completions(body: CompletionRequest):
+    async def completions(body: CompletionRequest, http: Request):
         eot = tokenizer.eot_id
         prompts = []
         for prompt in body.prompts():
@@ -134,7 +134,7 @@ def build_app(
             if bad:
                 raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{tokenizer.vocab_size - 1})", param="prompt")
             prompts.append(ids)
-        return await runner.respond(body, prompts, () if eot is None else (eot,), chat=False)
+        return await runner.respond(body, prompts, () if eot is None else (eot,), chat=False, http=http)
 
     return app
 
@@ -165,7 +165,8 @@ class Runner:
             for i in range(body.n)
         ]
 
-    async def respond(self, body: Sampling, prompts: list[list[int]], stop_tokens: tuple[int, ...], *, chat: bool):
+    async def respond(self, body: Sampling, prompts: list[list[int]], stop_tokens: tuple[int, ...], *, chat: bool,
+                      http: Request | None = None):
         configs = [(prompt, config) for prompt in prompts for config in self.configs(body, prompt, stop_tokens)]
         loop = asyncio.get_running_loop()
         generations: list[Generation] = []
@@ -181,13 +182,37 @@ class Runner:
         if body.stream:
             return EventStream(stream_events(reply, generations, body.include_usage()), generations)
         try:
-            texts = await asyncio.gather(*(generation.text() for generation in generations))
+            texts = await until_disconnected(asyncio.gather(*(generation.text() for generation in generations)), http)
         finally:
             for generation in generations:
                 generation.cancel()
+        if texts is None:  # the client left: its slots are free (above); nobody reads an answer
+            return Response(status_code=499)
         if any(generation.finish_reason == "error" for generation in generations):
             raise APIError(500, "generation failed on the server", type="server_error")
         return reply.whole(texts, generations)
+
+
+async def until_disconnected(work, http: Request | None):
+    """The result of `work`, or None as soon as the client disconnects (the body is read: the next ASGI
+    message can only be http.disconnect). Without this a non-streaming request runs on to max_tokens."""
+    task = asyncio.ensure_future(work)
+    if http is None:
+        return await task
+    watch = asyncio.ensure_future(_disconnect(http))
+    try:
+        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    return None
+
+
+async def _disconnect(http: Request) -> None:
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
 
 
 class Reply:
