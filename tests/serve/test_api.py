@@ -151,34 +151,23 @@ def test_concurrent_streams_each_equal_generate_alone(server, served):
     assert [results.get(k) for k in range(len(questions))] == [chat_reference(served, q, 30)[0] for q in questions]
 
 
-def test_disconnect_mid_stream_cancels_the_request_and_frees_its_slot(server, served, hold):
+@pytest.mark.parametrize("stream", [True, False], ids=["mid-stream", "whole-answer"])
+def test_disconnect_cancels_the_request_and_frees_its_slot(server, served, hold, stream):
+    """The client leaves while the engine holds its request (streaming: after the first event; not streaming:
+    while it decodes); the server notices, cancels it, and goes on serving."""
     before = server.engine.stats.finished.get("cancelled", 0)
+    hold.holding.clear()
     hold.active = True  # the engine waits after each step until the disconnect has cancelled the request
     try:
         connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-        body = {"prompt": "ROMEO:", "max_tokens": MAX_TOKENS_LIMIT, "temperature": 0, "stream": True}
+        body = {"prompt": "ROMEO:", "max_tokens": MAX_TOKENS_LIMIT, "temperature": 0, "stream": stream}
         connection.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
-        response = connection.getresponse()
-        assert response.status == 200
-        assert response.readline().startswith(b"data: {")
-        connection.close()
-        assert server.engine.wait_idle(60)
-    finally:
-        hold.active = False
-    assert server.engine.stats.finished.get("cancelled", 0) == before + 1
-    assert client(server).models.list().data  # and the server goes on
-
-
-def test_disconnect_during_a_whole_answer_cancels_the_request_and_frees_its_slot(server, served, hold):
-    """Not streaming: the client leaves while the engine holds its request; the server notices and cancels it."""
-    before = server.engine.stats.finished.get("cancelled", 0)
-    hold.holding.clear()
-    hold.active = True
-    try:
-        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-        body = {"prompt": "ROMEO:", "max_tokens": MAX_TOKENS_LIMIT, "temperature": 0}
-        connection.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
-        assert hold.holding.wait(60)  # the request is decoding
+        if stream:
+            response = connection.getresponse()
+            assert response.status == 200
+            assert response.readline().startswith(b"data: {")
+        else:
+            assert hold.holding.wait(60)  # the request is decoding
         connection.close()
         assert server.engine.wait_idle(60)
     finally:

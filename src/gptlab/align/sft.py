@@ -39,7 +39,7 @@ from gptlab.train.checkpoint import find_checkpoint
 from gptlab.train.config import TrainConfig
 from gptlab.train.optim import OptimizerConfig
 from gptlab.train.schedule import ScheduleConfig
-from gptlab.train.trainer import RUN_FILES, Trainer, TrainResult
+from gptlab.train.trainer import Trainer, TrainResult
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,7 +104,6 @@ class SFTTrainer(Trainer):
     """The Trainer with conversations for data and a grown base model for a start (see the module docstring)."""
 
     command = "sft"
-    run_files = RUN_FILES
 
     def _check_before_compute(self, config: SFTConfig) -> SFTConfig:
         if not config.init_from:
