@@ -99,10 +99,14 @@ def plot_losses(records: list[dict], path: str | os.PathLike) -> Path | None:
     return path
 
 
+STANDARD = ("step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu", "elapsed")  # the Trainer's own
+
+
 def console_line(record: dict, max_steps: int, eta_seconds: float | None) -> str:
     parts = [f"step {record['step']:>6}/{max_steps}", f"loss {record['loss']:.4f}", f"lr {record['lr']:.2e}", f"norm {record['grad_norm']:.2f}", f"{record['tokens_per_s']:,.0f} tok/s"]
     if record.get("mfu") is not None:
         parts.append(f"mfu {100 * record['mfu']:.1f}%")
+    parts += [f"{key} {value:.3g}" for key, value in record.items() if key not in STANDARD and isinstance(value, (int, float))]
     if eta_seconds is not None:
         minutes, seconds = divmod(int(eta_seconds), 60)
         parts.append(f"eta {minutes}m{seconds:02d}s")

@@ -323,9 +323,7 @@ class Trainer:
             last = micro == self.accum - 1
             sync = self.wrapped.no_sync() if self.runtime.distributed and not last else nullcontext()
             with sync:
-                with self.cast:
-                    _, loss = self.wrapped(x, y, loss_reduction="mean" if weight is None else "sum", **kwargs)
-                loss = loss / self.accum if weight is None else loss * weight
+                loss = self._micro_loss(x, y, kwargs, weight)
                 loss_sum += loss.detach()
                 self.scaler.scale(loss).backward()
         if self.runtime.distributed:
@@ -347,6 +345,16 @@ class Trainer:
         state.tokens += config.batch_tokens
         state.losses.append(loss_value)
         self._log_step(loss_value, lr, float(norm), time.perf_counter() - step_start)
+
+    def _micro_loss(self, x: torch.Tensor, y: torch.Tensor, kwargs: dict, weight: float | None) -> torch.Tensor:
+        """One micro-batch's share of the step's loss, ready for backward (subclasses: DPO, GRPO)."""
+        with self.cast:
+            _, loss = self.wrapped(x, y, loss_reduction="mean" if weight is None else "sum", **kwargs)
+        return loss / self.accum if weight is None else loss * weight
+
+    def _step_metrics(self) -> dict[str, float]:
+        """Extra figures for the step's metrics line, gathered by _micro_loss (subclasses; none here)."""
+        return {}
 
     def _step_batches(self) -> tuple[list[tuple], list[float | None]]:
         """The step's micro-batches as (x, y, kwargs), and the factor on each one's loss.
@@ -375,7 +383,8 @@ class Trainer:
         rate = config.batch_tokens / seconds
         elapsed = time.perf_counter() - self.start_time
         record = {"step": state.step, "loss": loss, "lr": lr, "grad_norm": norm, "tokens": state.tokens,
-                  "tokens_per_s": rate, "mfu": _mfu(self.flops, rate, self.peak), "elapsed": elapsed}
+                  "tokens_per_s": rate, "mfu": _mfu(self.flops, rate, self.peak), "elapsed": elapsed,
+                  **self._step_metrics()}
         self.metrics.log(record)
         done = len(state.losses)
         eta = elapsed / done * (config.max_steps - state.step) if done else None
