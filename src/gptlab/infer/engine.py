@@ -65,6 +65,7 @@ class Request:
         self.config = config
         self.tokens: list[int] = []  # generated so far (stop token excluded)
         self.finish_reason: str | None = None
+        self.stop_token: int | None = None  # the stop token that ended it (reason "stop"), which is not in tokens
         self.cancel_requested = False
         self._loop = loop
         self._events: queue.Queue | asyncio.Queue = asyncio.Queue() if loop is not None else queue.Queue()
@@ -317,6 +318,7 @@ class Engine:
         slot = self._slots[index]
         request = slot.request
         if token in request.config.stop_tokens:
+            request.stop_token = token
             self._finish(index, "stop")
             return
         request.tokens.append(token)

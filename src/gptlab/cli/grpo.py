@@ -1,0 +1,68 @@
+"""`gptlab grpo`: reinforcement learning with verifiable rewards on a built-in task.
+
+    gptlab grpo --init runs/shakespeare/sft --task "arithmetic[digits=1]" --out runs/grpo
+    gptlab grpo --init runs/sft --task spelling --loss dapo --clip-high 0.28 --reward "verifier, my_rewards.py:brevity*0.1"
+
+A preset (grpo-cpu), then dotted overrides as in `gptlab train`. The model's
+settings come from --init (a chat model: gptlab sft's output); held-out
+accuracy, pass@1 and pass@k are printed before and after. Rerunning the same
+command resumes; under torchrun every rank runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_PRESET = "grpo-cpu"
+# set by --init or by the prompts, or meaningless without a val split: left out of --help and refused
+IGNORED = ("init_from", "model", "data", "tokenizer", "batch_tokens", "loader_mode", "eval_every", "eval_batches",
+           "hellaswag_every", "hellaswag_path", "hellaswag_limit")
+
+
+def register(stages) -> None:
+    from gptlab.align.grpo import GRPO_PRESETS
+    from gptlab.runtime.config import describe_fields
+
+    parser = stages.add_parser(
+        "grpo",
+        help="reinforcement learning with verifiable rewards (GRPO, DAPO, Dr. GRPO, REINFORCE, expert iteration)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="GRPO: the chat model samples a group of answers per prompt, a verifier scores them, and the "
+        "policy gradient favours the better ones (see gptlab.align.grpo for the loss variants).",
+        epilog=f"config fields (dotted, --key value; defaults of the {DEFAULT_PRESET} preset):\n"
+        + describe_fields(GRPO_PRESETS[DEFAULT_PRESET](), skip=IGNORED),
+    )
+    parser.add_argument("--init", required=True, metavar="MODEL", help="the chat model: a run, checkpoint or model folder")
+    parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(GRPO_PRESETS), help=f"{DEFAULT_PRESET} (default)")
+    parser.add_argument("--no-resume", action="store_true", help="start from step 0; refused if --out holds a run (see --force)")
+    parser.add_argument("--force", action="store_true", help="start over: first clear the run in --out (its own files only)")
+    parser.set_defaults(handler=run, accepts_overrides=True)
+
+
+def resolve_config(args: argparse.Namespace):
+    from gptlab.align.grpo import GRPO_PRESETS
+    from gptlab.cli.common import model_path
+    from gptlab.runtime import GptlabError
+    from gptlab.runtime.config import apply_overrides, parse_overrides
+
+    model_path(args.init)  # a missing --init is named before anything else
+    for key, _ in parse_overrides(args.overrides):
+        if key.startswith("model.") and key != "model.dropout":
+            raise GptlabError(f"--{key.replace('_', '-')}: the model is the one --init names; drop it")
+    unused = {key: "GRPO does not use it" for key in IGNORED if key not in ("init_from", "model")}
+    for key in ("init_from", "model"):
+        unused[key] = "the model is the one --init names"
+    return apply_overrides(GRPO_PRESETS[args.preset](), args.overrides, defaults={"init_from": args.init}, fixed=unused)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gptlab.align.grpo import run_grpo
+    from gptlab.runtime.device import init_runtime, shutdown_runtime
+
+    config = resolve_config(args)
+    runtime = init_runtime(config.device)
+    try:
+        result = run_grpo(config, runtime=runtime, resume=not args.no_resume, force=args.force)
+    finally:
+        shutdown_runtime(runtime)
+    return 0 if result.status != "interrupted" else 130

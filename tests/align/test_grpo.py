@@ -1,0 +1,244 @@
+"""GRPO and its relatives: the losses against the papers' formulas computed directly, the step's normalisation,
+rollouts, exact resume, and mistakes caught before compute."""
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+import torch
+
+from gptlab.align.grpo import GRPOConfig, GRPOTrainer, group_advantages, policy_loss, run_grpo, token_weights
+from gptlab.align.rollout import pad_rows, rollout
+from gptlab.cli.main import main
+from gptlab.infer.generate import SamplingConfig
+from gptlab.model import GPT, preset
+from gptlab.runtime import GptlabError
+from gptlab.train.optim import OptimizerConfig
+from gptlab.train.schedule import ScheduleConfig
+
+
+def grpo_config(model, out, **changes) -> GRPOConfig:
+    config = GRPOConfig(
+        init_from=str(model), out=str(out), task="arithmetic[digits=1]", prompts_per_step=4, group_size=4,
+        micro_batch=8, seq_len=48, max_new_tokens=8, max_steps=2, device="cpu", precision="fp32",
+        optimizer=OptimizerConfig(lr=1e-2, weight_decay=0.0), schedule=ScheduleConfig(kind="constant", warmup_steps=0),
+        checkpoint_every=1, log_every=1, eval_examples=4, eval_samples=2, train_examples=50,
+    )
+    return dataclasses.replace(config, **changes)
+
+
+def parity_reward(examples, texts):
+    """A reward most groups disagree on, so advantages are not all 0 (the untrained model never verifies)."""
+    return [float(len(text) % 2) for text in texts], {}
+
+
+def fit(config, reward=parity_reward, **kwargs):
+    trainer = GRPOTrainer(config, log=lambda *_: None, **kwargs)
+    trainer.score = reward
+    return trainer, trainer.fit()
+
+
+# ---------------------------------------------------------------- the loss, term by term
+
+
+def test_group_advantages_centre_and_scale_each_group():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.5, 1.0, 0.5]])
+    centred = group_advantages(rewards, scale=False)
+    scaled = group_advantages(rewards, scale=True)
+    for row in range(3):
+        values = rewards[row].tolist()
+        mean = sum(values) / 4
+        std = (sum((v - mean) ** 2 for v in values) / 3) ** 0.5
+        assert centred[row].tolist() == pytest.approx([v - mean for v in values])
+        assert scaled[row].tolist() == pytest.approx([(v - mean) / (std + 1e-4) for v in values])
+    assert scaled[1].abs().sum() == 0  # no spread: no signal, not 0/0
+
+
+def brute_objective(model, sequences, starts, advantages, old, loss, clip=(0.2, 0.2), max_new_tokens=8):
+    """The objective to maximise, written as in the papers, one completion token at a time."""
+    per_sequence, all_terms = [], []
+    for i, (sequence, start) in enumerate(zip(sequences, starts)):
+        logits, _ = model(torch.tensor([sequence[:-1]]))
+        log_softmax = torch.log_softmax(logits[0], dim=-1)
+        terms = []
+        for t in range(start, len(sequence)):
+            logp = log_softmax[t - 1, sequence[t]]
+            ratio = torch.exp(logp - old[i][t - start])
+            if loss == "reinforce":
+                terms.append(advantages[i] * logp)
+            else:
+                clipped = torch.clamp(ratio, 1 - clip[0], 1 + clip[1])
+                terms.append(torch.minimum(ratio * advantages[i], clipped * advantages[i]))
+        per_sequence.append(torch.stack(terms))
+        all_terms.extend(terms)
+    if loss == "grpo":
+        return torch.stack([terms.mean() for terms in per_sequence]).mean()
+    if loss == "drgrpo":
+        return torch.stack(all_terms).sum() / (len(sequences) * max_new_tokens)
+    return torch.stack(all_terms).mean()  # dapo, reinforce: every token of the step alike
+
+
+@pytest.mark.parametrize("loss", ["grpo", "dapo", "drgrpo", "reinforce"])
+def test_policy_loss_equals_the_papers_objective_in_value_and_gradient(loss):
+    torch.manual_seed(0)
+    model = GPT(preset("gpt2-tiny", vocab_size=40, block_size=32))
+    sequences = [[1, 2, 3, 4, 5, 6], [1, 2, 7, 8], [3, 3, 9, 10, 11, 12, 13], [5, 6, 7, 8, 9]]
+    starts = [3, 2, 2, 4]
+    advantages = torch.tensor([1.0, -0.5, 0.25, -1.0])
+    lengths = torch.tensor([len(s) - start for s, start in zip(sequences, starts)])
+    old = [(0.3 * torch.randn(n.item())).tolist() for n in lengths]  # log π_old far from π: some ratios clip
+    with torch.no_grad():  # old log-probs near the model's own, so some ratios fall inside the clip range too
+        x, y = pad_rows(sequences, starts, 8)
+        from gptlab.align.logprobs import token_logprobs
+
+        current = token_logprobs(model, x, y)
+        old = [(current[i][y[i] != -100] + torch.tensor(o) * (i % 2)).tolist() for i, o in enumerate(old)]
+    config = GRPOConfig(loss=loss, max_new_tokens=8)
+    old_tensor = torch.zeros(y.shape)
+    for i in range(4):
+        old_tensor[i, y[i] != -100] = torch.tensor(old[i])
+    weights = token_weights(lengths, loss, 8)
+    batch = {"advantages": advantages, "weights": weights.float(), "ref_logp": old_tensor}
+    if loss != "reinforce":
+        batch["old_logp"] = old_tensor
+    ours = sum(policy_loss(token_logprobs(model, x[rows], y[rows]), y[rows], {k: v[rows] for k, v in batch.items()}, config).loss
+               for rows in (slice(0, 3), slice(3, 4)))  # two micro-batches: the weights hold the step's normalisation
+    our_grads = torch.autograd.grad(ours, list(model.parameters()))
+    expected = -brute_objective(model, sequences, starts, advantages, old, loss)
+    expected_grads = torch.autograd.grad(expected, list(model.parameters()))
+    if loss == "reinforce":  # a surrogate: its value is not the objective's, its gradient is
+        expected = expected.detach()
+    else:
+        assert ours.item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-7)
+    for mine, theirs in zip(our_grads, expected_grads):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-6)
+
+
+def test_clipping_stops_the_gradient_only_where_the_ratio_left_the_range():
+    logp = torch.tensor([[0.0, 0.0, 0.0, 0.0]], requires_grad=True)
+    y = torch.tensor([[1, 1, 1, 1]])
+    old = torch.tensor([[0.0, -0.5, 0.5, -0.5]])  # ratios 1, e^0.5 (too high), e^-0.5 (too low), e^0.5
+    batch = {"advantages": torch.tensor([1.0]), "weights": torch.tensor([0.25]), "old_logp": old}
+    parts = policy_loss(logp, y, batch, GRPOConfig(loss="grpo"))
+    parts.loss.backward()
+    # A > 0: a ratio above 1 + ε is clipped (no gradient); below 1 - ε it is not (the min keeps the unclipped term)
+    assert logp.grad[0, 1] == 0 and logp.grad[0, 0] < 0 and logp.grad[0, 2] < 0 and logp.grad[0, 3] == 0
+    assert parts.clipped == 2 and parts.tokens == 4
+
+
+def test_kl_penalty_is_zero_against_itself_and_positive_elsewhere():
+    logp = torch.tensor([[-1.0, -2.0]])
+    y = torch.tensor([[1, 1]])
+    batch = {"advantages": torch.tensor([0.0]), "weights": torch.tensor([0.5]), "ref_logp": logp.clone()}
+    config = GRPOConfig(loss="grpo", kl_beta=0.1)
+    assert policy_loss(logp, y, batch, config).kl == 0
+    batch["ref_logp"] = torch.tensor([[-1.5, -1.0]])
+    gap = batch["ref_logp"] - logp
+    expected = (torch.exp(gap) - gap - 1).sum().item()
+    parts = policy_loss(logp, y, batch, config)
+    assert parts.kl == pytest.approx(expected) and parts.loss.item() == pytest.approx(0.1 * 0.5 * expected)
+
+
+def test_expert_iteration_is_fine_tuning_on_the_accepted_completions():
+    torch.manual_seed(0)
+    model = GPT(preset("gpt2-tiny", vocab_size=40, block_size=32))
+    sequences, starts = [[1, 2, 3, 4], [1, 2, 5, 6, 7], [3, 4, 5, 6]], [2, 2, 3]
+    keep = torch.tensor([True, False, True])
+    x, y = pad_rows(sequences, starts, 6)
+    lengths = (y != -100).sum(1)
+    from gptlab.align.logprobs import token_logprobs
+
+    batch = {"advantages": keep.float(), "weights": token_weights(lengths, "expert", 8, keep).float()}
+    ours = policy_loss(token_logprobs(model, x, y), y, batch, GRPOConfig(loss="expert")).loss
+    _, cross_entropy = model(x[keep], y[keep])  # the mean over the kept completions' tokens
+    assert ours.item() == pytest.approx(cross_entropy.item(), rel=1e-6)
+
+
+# ---------------------------------------------------------------- rollouts
+
+
+def test_a_rollout_samples_the_same_in_one_batch_as_one_request_at_a_time():
+    torch.manual_seed(0)
+    model = GPT(preset("gpt2-tiny", vocab_size=50, block_size=32))
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0, stop_tokens=(7,))
+    together = rollout(model, prompts, sampling, samples=3, seed=5)
+    alone = [rollout(model, [prompt], sampling, samples=3, seed=5, slots=1, keys=[i])[0] for i, prompt in enumerate(prompts)]
+    assert together == alone
+    assert len({tuple(c.tokens) for group in together for c in group}) > 3  # the samples differ
+    assert all(c.tokens[-1] == 7 for group in together for c in group if c.stopped)
+    assert model.training  # restored after the engine put it in eval mode
+
+
+# ---------------------------------------------------------------- the trainer
+
+
+def test_the_step_does_not_depend_on_micro_batches(chat_model, tmp_path):
+    for loss in ("grpo", "dapo"):
+        _, small = fit(grpo_config(chat_model, tmp_path / f"{loss}4", micro_batch=4, loss=loss))
+        _, large = fit(grpo_config(chat_model, tmp_path / f"{loss}16", micro_batch=16, loss=loss))
+        assert small.losses == pytest.approx(large.losses, rel=1e-5, abs=1e-7)
+        first = torch.load(small.checkpoint / "optimizer.pt")["state"][0]["exp_avg"]
+        second = torch.load(large.checkpoint / "optimizer.pt")["state"][0]["exp_avg"]
+        torch.testing.assert_close(first, second, rtol=1e-4, atol=1e-7)
+
+
+def test_grpo_resumes_exactly_in_the_middle_of_a_reused_rollout(chat_model, tmp_path):
+    config = grpo_config(chat_model, tmp_path / "straight", epochs=2, max_steps=4, checkpoint_every=3, keep_last=3)
+    _, straight = fit(config)
+    saved = json.loads((tmp_path / "straight/checkpoints/step_000003/trainer_state.json").read_text())
+    assert saved["loader"][0]["buffer"] is not None  # step 4 reuses the rollout of step 3
+    shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed/checkpoints/step_000004")
+    _, resumed = fit(dataclasses.replace(config, out=str(tmp_path / "resumed")))
+    assert resumed.losses == straight.losses[3:]
+    assert (tmp_path / "resumed/completions.jsonl").read_text() == (tmp_path / "straight/completions.jsonl").read_text()
+
+
+def test_run_grpo_reports_held_out_accuracy_and_pass_at_k(chat_model, tmp_path):
+    lines = []
+    result = run_grpo(grpo_config(chat_model, tmp_path / "run", max_steps=1), log=lines.append)
+    assert set(result.before) == set(result.after) >= {"arithmetic_accuracy", "arithmetic_pass@1", "arithmetic_pass@2"}
+    assert result.before["arithmetic_n"] == 4
+    assert 0 <= result.before["arithmetic_pass@1"] <= result.before["arithmetic_pass@2"] <= 1
+    assert any(line.startswith("before: arithmetic held-out accuracy") and "95% CI" in line for line in lines)
+    record = json.loads((tmp_path / "run/completions.jsonl").read_text().splitlines()[0])
+    assert set(record) == {"step", "rollout", "question", "completion", "reward"}
+    metrics = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    assert {"reward", "reward_std", "zero_spread", "length", "clipped"} <= set(metrics[0])
+
+
+def test_grpo_refuses_bad_settings_before_compute(chat_model, prepared, tmp_path):
+    with pytest.raises(GptlabError, match="not a chat model"):
+        GRPOTrainer(grpo_config(chat_model, tmp_path / "a", init_from=str(prepared / "tokenizer")), log=lambda *_: None)
+    with pytest.raises(GptlabError, match="unknown chat task 'algebra'"):
+        GRPOTrainer(grpo_config(chat_model, tmp_path / "a", task="algebra"), log=lambda *_: None)
+    with pytest.raises(GptlabError, match="micro-batch 4"):
+        GRPOTrainer(grpo_config(chat_model, tmp_path / "a", micro_batch=12), log=lambda *_: None)
+    with pytest.raises(GptlabError, match="on-policy"):
+        grpo_config(chat_model, tmp_path / "a", loss="reinforce", epochs=2)
+    with pytest.raises(GptlabError, match="group_size must be at least 2"):
+        grpo_config(chat_model, tmp_path / "a", group_size=1)
+    assert not (tmp_path / "a").exists()
+
+
+def test_grpo_cli_runs_and_refuses_with_one_line(chat_model, tmp_path, capsys):
+    small = ["--prompts-per-step", "2", "--group-size", "2", "--micro-batch", "4", "--max-new-tokens", "4",
+             "--eval-examples", "2", "--eval-samples", "2", "--device", "cpu", "--train-examples", "20"]
+    assert main(["grpo", "--init", str(chat_model), "--out", str(tmp_path / "run"), "--max-steps", "1", *small]) == 0
+    assert (tmp_path / "run/checkpoints/step_000001").is_dir()
+    capsys.readouterr()
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    for args, message in [
+        (["--init", str(tmp_path / "missing")], "missing"),
+        (["--init", str(chat_model), "--model.n-layer", "3"], "the model is the one --init names"),
+        (["--init", str(chat_model), "--batch-tokens", "64"], "GRPO does not use it"),
+        (["--init", str(chat_model), "--out", str(foreign)], "notes.txt"),
+    ]:
+        assert main(["grpo", *args, *small]) != 0
+        error = capsys.readouterr().err
+        assert message in error and "Traceback" not in error and len(error.strip().splitlines()) == 1
+    assert (foreign / "notes.txt").read_text() == "keep me" and sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
