@@ -49,6 +49,7 @@ bench: $(VENV)/.installed-dev
 	$(PY) bench/shakespeare_cpu.py
 	$(PY) bench/sft_throughput.py
 	$(PY) bench/serve.py
+	$(PY) bench/grpo_rollout.py
 
 # Re-resolve every dependency (newest versions pyproject.toml allows) in a fresh venv and record them.
 lock:
