@@ -182,6 +182,7 @@ def test_the_step_does_not_depend_on_micro_batches(chat_model, tmp_path):
         first = torch.load(small.checkpoint / "optimizer.pt")["state"][0]["exp_avg"]
         second = torch.load(large.checkpoint / "optimizer.pt")["state"][0]["exp_avg"]
         torch.testing.assert_close(first, second, rtol=1e-4, atol=1e-7)
+        assert first.abs().sum() > 0  # the parity reward gives a gradient to compare
 
 
 def test_grpo_resumes_exactly_in_the_middle_of_a_reused_rollout(chat_model, tmp_path):
@@ -242,3 +243,33 @@ def test_grpo_cli_runs_and_refuses_with_one_line(chat_model, tmp_path, capsys):
         error = capsys.readouterr().err
         assert message in error and "Traceback" not in error and len(error.strip().splitlines()) == 1
     assert (foreign / "notes.txt").read_text() == "keep me" and sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+
+
+GRPO_DDP_SCRIPT = """
+import sys
+from gptlab.runtime.device import init_runtime, shutdown_runtime
+from tests.align.test_grpo import fit, grpo_config
+runtime = init_runtime("cpu")
+_, result = fit(grpo_config(sys.argv[1], sys.argv[2], loss="dapo", micro_batch=4), runtime=runtime)
+print(f"rank {runtime.rank} status {result.status}")
+shutdown_runtime(runtime)
+"""
+
+
+def test_two_gloo_ranks_train_as_one_process(chat_model, tmp_path):
+    """Each rank samples its half of the prompts alike (seeds are per prompt, not per rank), and the token-level
+    loss is normalised by the whole step's tokens: 2 ranks end with the weights of 1 process."""
+    from safetensors.torch import load_file
+
+    from gptlab.train.checkpoint import list_checkpoints
+
+    from ..train.test_trainer import run_on_two_ranks
+
+    fit(grpo_config(chat_model, tmp_path / "single", loss="dapo", micro_batch=4))
+    result = run_on_two_ranks(GRPO_DDP_SCRIPT, chat_model, tmp_path)
+    assert result.stdout.count("status finished") == 2
+    single, ddp = (load_file(list_checkpoints(tmp_path / name)[-1] / "model.safetensors") for name in ("single", "ddp"))
+    start = load_file(chat_model / "model.safetensors")
+    assert any(not torch.equal(single[name], start[name]) for name in single)  # it trained
+    for name in single:
+        torch.testing.assert_close(ddp[name], single[name], rtol=1e-4, atol=1e-5)
