@@ -201,7 +201,7 @@ def test_arithmetic_one_digit_holds_out_a_quarter_of_its_questions():
 def test_task_conversation_renders_the_reply_as_the_only_target():
     tokenizer = add_chat_tokens(Tokenizer.train(["What is 12 + 7? c-r-o-w-n apple, pear"], vocab_size=300))
     chat = ChatFormat(tokenizer)
-    for name in TASKS:
+    for name in (name for name, cls in TASKS.items() if cls.generated):
         task = get_task(name)
         for example in task.examples("train", 5):
             conversation = task.conversation(example)
