@@ -77,6 +77,8 @@ def test_gsm8k_names_a_missing_column_and_too_large_n(tmp_path):
         task.examples("test", 3)
     with pytest.raises(GptlabError, match="unknown split 'val'"):
         task.examples("val", 1)
+    with pytest.raises(GptlabError, match="unknown split 'val'"):
+        task.skipped("val")
     with pytest.raises(GptlabError, match="must be an hf: dataset"):
         GSM8K(source="gsm8k.jsonl")
 

@@ -88,8 +88,6 @@ class GSM8K(Task):
 
     def examples(self, split: str, n: int) -> list[Example]:
         """The first n examples of the dataset's split, in the dataset's order."""
-        if split not in SPLITS:
-            raise GptlabError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise GptlabError(f"n must be a whole number of examples (0 or more), got {n!r}")
         found = self.rows(split).examples
@@ -100,6 +98,8 @@ class GSM8K(Task):
     @functools.cache  # noqa: B019 (tasks are small, hashable configs; a split is a few MB of text)
     def rows(self, split: str) -> SplitRows:
         """The split read from the source: its examples and its skipped rows."""
+        if split not in SPLITS:
+            raise GptlabError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
         source = HuggingFaceSource(self.source, SourceOptions(text_field=self.question, split=split))
         source.check()  # the question column exists, when the dataset declares its columns
         examples, problems, skipped = [], [], 0
