@@ -169,12 +169,12 @@ def test_task_examples_are_the_same_in_a_new_process_with_another_hash_seed():
     code = (
         "import json; from gptlab.chat.tasks import TASKS\n"
         "print(json.dumps({name: [e.question for split in ('train', 'test') for e in cls().examples(split, 30)]"
-        " for name, cls in TASKS.items()}))"
+        " for name, cls in TASKS.items() if cls.generated}))"
     )
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root / "src"), "PYTHONHASHSEED": "12345"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    here = {name: [e.question for split in ("train", "test") for e in cls().examples(split, 30)] for name, cls in TASKS.items()}
+    here = {name: [e.question for split in ("train", "test") for e in cls().examples(split, 30)] for name, cls in TASKS.items() if cls.generated}
     assert json.loads(result.stdout) == here
 
 
@@ -201,7 +201,7 @@ def test_arithmetic_one_digit_holds_out_a_quarter_of_its_questions():
 def test_task_conversation_renders_the_reply_as_the_only_target():
     tokenizer = add_chat_tokens(Tokenizer.train(["What is 12 + 7? c-r-o-w-n apple, pear"], vocab_size=300))
     chat = ChatFormat(tokenizer)
-    for name in TASKS:
+    for name in (name for name, cls in TASKS.items() if cls.generated):
         task = get_task(name)
         for example in task.examples("train", 5):
             conversation = task.conversation(example)

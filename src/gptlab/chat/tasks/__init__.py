@@ -7,17 +7,19 @@
     task.verify(test[0], "The answer is 81")         # accuracy by generation (gptlab.eval.chat); reward() for RL
 
 Tasks: arithmetic (multi-digit sums), spelling (spell a word, count a letter),
-sorting (words or numbers). Not here: generating responses with a model
+sorting (words or numbers), all made offline; gsm8k (grade-school maths word
+problems), read from a dataset (the hub's, or a local copy). Not here: generating responses with a model
 (gptlab.eval.chat).
 """
 
 from gptlab.chat.tasks.arithmetic import Arithmetic
 from gptlab.chat.tasks.base import Example, Task
+from gptlab.chat.tasks.gsm8k import GSM8K
 from gptlab.chat.tasks.sorting import Sorting
 from gptlab.chat.tasks.spelling import Spelling
 from gptlab.runtime import GptlabError
 
-TASKS: dict[str, type[Task]] = {task.name: task for task in (Arithmetic, Spelling, Sorting)}
+TASKS: dict[str, type[Task]] = {task.name: task for task in (Arithmetic, Spelling, Sorting, GSM8K)}
 
 
 def get_task(name: str, **options) -> Task:
@@ -30,4 +32,4 @@ def get_task(name: str, **options) -> Task:
         raise GptlabError(f"bad options for chat task {name!r}: {error}") from None
 
 
-__all__ = ["TASKS", "Arithmetic", "Example", "Sorting", "Spelling", "Task", "get_task"]
+__all__ = ["GSM8K", "TASKS", "Arithmetic", "Example", "Sorting", "Spelling", "Task", "get_task"]

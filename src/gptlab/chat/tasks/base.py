@@ -52,6 +52,7 @@ class Task:
 
     name: ClassVar[str] = "task"
     test_size: ClassVar[int] = 500  # distinct questions held out in the test split
+    generated: ClassVar[bool] = True  # examples drawn by make(rng), with no data to read; False: from a dataset (gsm8k)
 
     def make(self, rng: random.Random) -> Example:
         """One example drawn with `rng` (the only source of randomness, so splits are reproducible)."""
