@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,7 @@ import numpy as np
 import torch
 
 from gptlab.align.logprobs import IGNORE, token_logprobs
+from gptlab.align.rewards import Rewards, example_columns
 from gptlab.align.rollout import pad_rows, rollout
 from gptlab.chat import CHAT_TOKENS, ChatFormat
 from gptlab.chat.data import load_task, parse_mixture
@@ -259,6 +261,7 @@ class RolloutLoader:
     def _sample(self, rollout: int) -> dict:
         """Sample, score and weigh one rollout; returns its JSON-able record (and sets the tensors)."""
         trainer, config = self.trainer, self.config
+        start = time.perf_counter()
         examples = self._examples(rollout)
         prompts = [trainer.chat.prompt([{"role": "user", "content": example.question}]) for example in examples]
         keys = list(range(rollout * config.prompts_per_step + self.rank, (rollout + 1) * config.prompts_per_step, self.world))
@@ -275,12 +278,14 @@ class RolloutLoader:
             buffer["old"] = self._completion_logprobs(trainer.model)
             self._tensors = self._to_tensors(buffer)
         self.stats = rollout_stats(torch.tensor(rewards).view(-1, config.group_size), completions, means)
+        self.stats["rollout_s"] = time.perf_counter() - start  # sampling and scoring: most of a step's time
         self._show(rollout, repeated, texts, rewards)
         return buffer
 
     def _to_tensors(self, buffer: dict) -> dict[str, torch.Tensor]:
         config, device = self.config, self.trainer.runtime.device
-        x, y = pad_rows(buffer["sequences"], buffer["starts"], config.seq_len + 1, device)
+        width = max(len(sequence) for sequence in buffer["sequences"])  # the rollout's longest row, not seq_len: no wasted padding
+        x, y = pad_rows(buffer["sequences"], buffer["starts"], width, device)
         rewards = torch.tensor(buffer["rewards"], dtype=torch.float32).view(-1, config.group_size)
         lengths = (y != IGNORE).sum(dim=1).cpu()
         if config.loss == "expert":
@@ -446,7 +451,12 @@ class GRPOTrainer(Trainer):
     def _step_batches(self) -> tuple[list[tuple], list[float | None]]:
         """The rollout's micro-batches; their per-token weights already hold the step's normalisation."""
         self.parts = {"clipped": 0.0, "tokens": 0.0, "kl": 0.0}
-        return [self.train_loader.next_batch() for _ in range(self.accum)], [None] * self.accum
+        batches = [self.train_loader.next_batch() for _ in range(self.accum)]
+        self.rows_tokens = sum(x.numel() for x, _, _ in batches) * self.runtime.world_size
+        return batches, [None] * self.accum
+
+    def _step_tokens(self) -> int:
+        return self.rows_tokens
 
     def _micro_loss(self, x: torch.Tensor, y: torch.Tensor, kwargs: dict, weight: float | None) -> torch.Tensor:
         with self.cast:
@@ -468,6 +478,14 @@ class GRPOTrainer(Trainer):
                        "advantages are 0 and the gradient vanishes; try a higher --temperature, a larger --group-size "
                        "or an easier task")
         return stats
+
+    def _announce(self) -> None:
+        super()._announce()
+        config = self.config
+        self.print(f"each step: {config.prompts_per_step} prompts x {config.group_size} samples of up to "
+                   f"{config.max_new_tokens} tokens ({config.task}, reward {config.reward}, loss {config.loss}"
+                   f"{f', {config.epochs} steps per rollout' if config.epochs > 1 else ''}); rows are as long as the "
+                   f"rollout's longest, so tokens/step varies")
 
     def _restore(self, path: Path | None):
         """As the Trainer's, and completions logged after the checkpoint are dropped (they will be sampled again)."""
@@ -491,13 +509,17 @@ def load_grpo_task(spec: str):
 
 
 def make_scorer(spec: str, task) -> Callable[[list, list[str]], tuple[list[float], dict[str, float]]]:
-    """(examples, completions) -> (a reward each, each reward function's mean) for the --reward spec."""
-    if spec != "verifier":
-        raise GptlabError(f"unknown reward {spec!r}")
+    """(examples, completions) -> (a reward each, each reward function's mean) for the --reward spec.
+
+    The functions are loaded now, so a bad spec is refused before any compute; they are called
+    TRL-style (gptlab.align.rewards) with the questions as prompts and the examples' columns.
+    """
+    rewards = Rewards.from_spec(spec, task=task)
 
     def score(examples: list, texts: list[str]) -> tuple[list[float], dict[str, float]]:
-        rewards = [task.reward(example, text) for example, text in zip(examples, texts)]
-        return rewards, {}
+        scores = rewards.score([example.question for example in examples], texts, **example_columns(examples))
+        means = scores.means if len(scores.means) > 1 else {}  # one function: its mean is the reward itself
+        return scores.total, means
 
     return score
 

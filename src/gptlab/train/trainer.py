@@ -342,7 +342,7 @@ class Trainer:
         if device.type == "cuda":
             torch.cuda.synchronize()
         state.step += 1
-        state.tokens += config.batch_tokens
+        state.tokens += self._step_tokens()
         state.losses.append(loss_value)
         self._log_step(loss_value, lr, float(norm), time.perf_counter() - step_start)
 
@@ -351,6 +351,10 @@ class Trainer:
         with self.cast:
             _, loss = self.wrapped(x, y, loss_reduction="mean" if weight is None else "sum", **kwargs)
         return loss / self.accum if weight is None else loss * weight
+
+    def _step_tokens(self) -> int:
+        """Tokens the step trained on: the configured batch (GRPO: its rollout's rows, as long as the longest)."""
+        return self.config.batch_tokens
 
     def _step_metrics(self) -> dict[str, float]:
         """Extra figures for the step's metrics line, gathered by _micro_loss (subclasses; none here)."""
@@ -380,7 +384,7 @@ class Trainer:
         config, state = self.config, self.state
         if state.step % config.log_every and state.step != config.max_steps:
             return
-        rate = config.batch_tokens / seconds
+        rate = self._step_tokens() / seconds
         elapsed = time.perf_counter() - self.start_time
         record = {"step": state.step, "loss": loss, "lr": lr, "grad_norm": norm, "tokens": state.tokens,
                   "tokens_per_s": rate, "mfu": _mfu(self.flops, rate, self.peak), "elapsed": elapsed,

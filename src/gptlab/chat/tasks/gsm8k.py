@@ -82,6 +82,11 @@ class GSM8K(Task):
         """The examples in the test split (1,319 for GSM8K), malformed rows not counted."""
         return len(self.rows("test").examples)
 
+    @property
+    def train_size(self) -> int:
+        """The examples in the train split (7,473 for GSM8K): a trainer draws at most these."""
+        return len(self.rows("train").examples)
+
     def skipped(self, split: str) -> int:
         """Rows of the split skipped as malformed (no number after ####, an empty question)."""
         return self.rows(split).skipped
