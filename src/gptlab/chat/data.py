@@ -328,8 +328,17 @@ def load_task(name: str, options: tuple[tuple[str, int | float | str], ...] = ()
 
 
 def read_task(part: PartConfig, split: str, n: int | None, *, on_error: str = "skip") -> tuple[list[Conversation], SourceReport]:
-    """n examples of a task's split as conversations, checked like any other source. The test split is
-    finite: n is capped at its size, and None means all of it; the train split needs n."""
+    """n examples of a task's split as conversations, checked like any other source (n: see task_examples)."""
+    task, examples = task_examples(part, split, n)
+    reader = RowReader(replace(part, n=None), on_error)
+    for number, example in enumerate(examples):
+        reader.add(f"{part.source} {split} example {number}", task.conversation(example))
+    return reader.items, reader.report
+
+
+def task_examples(part: PartConfig, split: str, n: int | None) -> tuple:
+    """The task of a task: part and n examples of its split. The test split is finite: n is capped at
+    its size, and None means all of it; the train split needs n."""
     name = part.source[len("task:") :]
     if not name:
         raise GptlabError("task: needs a name, e.g. task:arithmetic")
@@ -341,10 +350,7 @@ def read_task(part: PartConfig, split: str, n: int | None, *, on_error: str = "s
         raise GptlabError(f"{part.source}: say how many {split} examples to make, e.g. {part.source}[n=5000]")
     if size is not None:
         n = size if n is None else min(n, size)
-    reader = RowReader(replace(part, n=None), on_error)
-    for number, example in enumerate(task.examples(split, n)):
-        reader.add(f"{part.source} {split} example {number}", task.conversation(example))
-    return reader.items, reader.report
+    return task, task.examples(split, n)
 
 
 # ---------------------------------------------------------------- the mixture
