@@ -63,15 +63,20 @@ class SFTConfig(TrainConfig):
 
     def eval_tasks(self) -> list:
         """The tasks to measure: the mixture's task: parts with their settings (auto), or those named."""
-        from gptlab.chat.data import load_task
+        return mixture_tasks(self.data, self.tasks)
 
-        if self.tasks == "none":
-            return []
-        if self.tasks == "auto":
-            parts = [part for part in MixtureConfig.from_spec(self.data).parts if part.kind == "task"]
-            unique = {(part.source, part.task_options): part for part in parts}
-            return [load_task(source.removeprefix("task:"), options) for source, options in unique]
-        return [load_task(name.strip()) for name in self.tasks.split(",") if name.strip()]
+
+def mixture_tasks(data: str, tasks: str) -> list:
+    """tasks="auto": the task: parts of the mixture spec `data`, with their settings; "none"; or names, comma-separated."""
+    from gptlab.chat.data import load_task
+
+    if tasks == "none":
+        return []
+    if tasks == "auto":
+        parts = [part for part in MixtureConfig.from_spec(data).parts if part.kind == "task"]
+        unique = {(part.source, part.task_options): part for part in parts}
+        return [load_task(source.removeprefix("task:"), options) for source, options in unique]
+    return [load_task(name.strip()) for name in tasks.split(",") if name.strip()]
 
 
 def sft_cpu() -> SFTConfig:
