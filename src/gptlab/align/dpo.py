@@ -119,7 +119,12 @@ class DPOConfig(TrainConfig):
 
 
 def dpo_cpu() -> DPOConfig:
-    """About 1.5 minutes on 2 CPU cores: the demo's SFT model prefers right sums and spellings over wrong ones."""
+    """About 1.5 minutes on 2 CPU cores: the demo's SFT model learns to prefer right sums and spellings over wrong ones.
+
+    Measured on the demo model: held-out preference accuracy 0.568 -> 0.632 (125 pairs), but greedy
+    spelling accuracy fell 0.20 -> 0.13: both replies' log-probs fall, the rejected faster (beta 0.5 did
+    the same). Task accuracy is not what this preset improves.
+    """
     return DPOConfig(
         data="task:arithmetic[n=2000,digits=1], task:spelling[n=2000]",
         optimizer=OptimizerConfig(lr=1e-4, weight_decay=0.0, betas=(0.9, 0.95)),
