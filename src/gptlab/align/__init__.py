@@ -1,1 +1,1 @@
-"""Alignment: supervised fine-tuning on conversations (and, later, DPO and GRPO), built on gptlab.train."""
+"""Alignment: supervised fine-tuning on conversations and DPO on preference pairs (and, later, GRPO), built on gptlab.train."""

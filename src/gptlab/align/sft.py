@@ -26,16 +26,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gptlab.chat import ChatFormat, add_chat_tokens
+from gptlab.align.start import resolve_start
+from gptlab.chat import ChatFormat
 from gptlab.chat.data import Mixture, MixtureConfig
 from gptlab.chat.loader import ConversationLoader, ConversationLoaderConfig
-from gptlab.data.match import find_model_tokenizer, load_tokenizer
 from gptlab.model import GPT
-from gptlab.model.hf import load_pretrained_directory, pretrained_path, read_pretrained_config
-from gptlab.model.resize import grow_vocab
 from gptlab.runtime import GptlabError
 from gptlab.runtime.device import resolve_precision
-from gptlab.train.checkpoint import find_checkpoint
 from gptlab.train.config import TrainConfig
 from gptlab.train.optim import OptimizerConfig
 from gptlab.train.schedule import ScheduleConfig
@@ -66,15 +63,20 @@ class SFTConfig(TrainConfig):
 
     def eval_tasks(self) -> list:
         """The tasks to measure: the mixture's task: parts with their settings (auto), or those named."""
-        from gptlab.chat.data import load_task
+        return mixture_tasks(self.data, self.tasks)
 
-        if self.tasks == "none":
-            return []
-        if self.tasks == "auto":
-            parts = [part for part in MixtureConfig.from_spec(self.data).parts if part.kind == "task"]
-            unique = {(part.source, part.task_options): part for part in parts}
-            return [load_task(source.removeprefix("task:"), options) for source, options in unique]
-        return [load_task(name.strip()) for name in self.tasks.split(",") if name.strip()]
+
+def mixture_tasks(data: str, tasks: str) -> list:
+    """tasks="auto": the task: parts of the mixture spec `data`, with their settings; "none"; or names, comma-separated."""
+    from gptlab.chat.data import load_task
+
+    if tasks == "none":
+        return []
+    if tasks == "auto":
+        parts = [part for part in MixtureConfig.from_spec(data).parts if part.kind == "task"]
+        unique = {(part.source, part.task_options): part for part in parts}
+        return [load_task(source.removeprefix("task:"), options) for source, options in unique]
+    return [load_task(name.strip()) for name in tasks.split(",") if name.strip()]
 
 
 def sft_cpu() -> SFTConfig:
@@ -106,28 +108,13 @@ class SFTTrainer(Trainer):
     command = "sft"
 
     def _check_before_compute(self, config: SFTConfig) -> SFTConfig:
-        if not config.init_from:
-            raise GptlabError("fine-tuning starts from a model: pass --init CHECKPOINT (a run, checkpoint or model folder)")
         if not config.data:
             raise GptlabError("no conversations: pass --data SOURCES, e.g. chats.jsonl or task:arithmetic")
-        self.init_path = find_checkpoint(config.init_from) or pretrained_path(config.init_from)
-        saved = find_model_tokenizer(self.init_path)
-        base = load_tokenizer(config.tokenizer) if config.tokenizer else saved
-        if saved is not None and base.fingerprint() not in (saved.fingerprint(), add_chat_tokens(saved).fingerprint()):
-            raise GptlabError(f"--tokenizer {config.tokenizer} is not the tokenizer saved with {config.init_from}; "
-                              "leave --tokenizer out to use the model's own")
-        if base is None:
-            raise GptlabError(f"no tokenizer saved with {config.init_from}; pass --tokenizer DIR (the one it was trained with)")
-        init = read_pretrained_config(self.init_path)
-        if base.vocab_size > init.vocab_size:
-            raise GptlabError(f"the tokenizer has {base.vocab_size:,} ids but {config.init_from} only {init.vocab_size:,}: "
-                              "is it the model's tokenizer? pass the right one with --tokenizer")
-        self.base_vocab = base.vocab_size
-        self.tokenizer = add_chat_tokens(base)
-        self.chat = ChatFormat(self.tokenizer)
+        self.start = resolve_start(config.init_from, config.tokenizer, dropout=config.model.dropout)
+        self.init_path, self.base_vocab = self.start.init_path, self.start.base_vocab
+        self.tokenizer, self.chat = self.start.tokenizer, self.start.chat
         self.fingerprint = self.tokenizer.fingerprint()
-        model = dataclasses.replace(init, vocab_size=max(init.vocab_size, self.tokenizer.vocab_size), dropout=config.model.dropout)
-        config = dataclasses.replace(config, model=model)  # seq_len is checked against the base model's context here
+        config = dataclasses.replace(config, model=self.start.model_config)  # seq_len is checked against the base model's context here
         self.mixtures = load_mixtures(config, self.print)
         self.has_val = "val" in self.mixtures
         self.accum = config.accumulation_steps(self.runtime.world_size)
@@ -136,8 +123,7 @@ class SFTTrainer(Trainer):
 
     def _make_model(self) -> GPT:
         """The base model with rows for the chat tokens, each new one the mean of the trained rows."""
-        base = load_pretrained_directory(self.init_path, device=self.runtime.device)
-        return grow_vocab(base, self.config.model.vocab_size, new_from=self.base_vocab).to(self.runtime.device)
+        return self.start.model(self.runtime.device)
 
     def _loader(self, split: str) -> ConversationLoader:
         config = self.config
@@ -208,8 +194,7 @@ def run_sft(config: SFTConfig, *, runtime=None, log: Callable[[str], None] = pri
     trainer.task_fn = tasks
     before = {}
     if tasks is not None:
-        base = load_pretrained_directory(trainer.init_path, device=trainer.runtime.device)
-        before = tasks(grow_vocab(base, trainer.config.model.vocab_size, new_from=trainer.base_vocab))
+        before = tasks(trainer.start.model(trainer.runtime.device))
     result = trainer.fit()
     after, seen = {}, {}
     if tasks is not None and result.status != "interrupted":

@@ -193,10 +193,11 @@ class SourceReport:
     problems: list[str] = field(default_factory=list)  # "chats.jsonl:7: message 1 has unknown role 'bot'; ..."
     train: int = 0
     val: int = 0
+    unit: str = "conversations"  # what a kept row is (preference data: "pairs")
 
     def summary(self) -> str:
         """One line, and a line for each problem shown."""
-        line = f"{self.source}: {self.kept:,} conversations ({self.train:,} train, {self.val:,} val)"
+        line = f"{self.source}: {self.kept:,} {self.unit} ({self.train:,} train, {self.val:,} val)"
         if self.skipped:
             line += f", {self.skipped:,} malformed skipped"
             line += "".join(f"\n  {problem}" for problem in self.problems)
@@ -205,42 +206,50 @@ class SourceReport:
         return line
 
 
-class _Reader:
-    """Collects valid conversations from (where, record) pairs under an on_error policy."""
+class RowReader:
+    """Collects the valid items of (where, record) rows under an on_error policy: conversations, or with another
+    `parse` (record -> item, raising GptlabError saying what is wrong) any other kind of row, e.g. preference pairs."""
 
-    def __init__(self, part: PartConfig, on_error: str) -> None:
-        self.part, self.on_error = part, on_error
-        self.report = SourceReport(part.source)
-        self.conversations: list[Conversation] = []
+    def __init__(self, part: PartConfig, on_error: str, *, parse=None, unit: str = "conversations") -> None:
+        self.part, self.on_error, self.unit = part, on_error, unit
+        self.parse = parse or parse_conversation
+        self.report = SourceReport(part.source, unit=unit)
+        self.items: list = []
 
     @property
     def full(self) -> bool:
-        return self.part.n is not None and len(self.conversations) >= self.part.n
+        return self.part.n is not None and len(self.items) >= self.part.n
 
-    def add(self, where: str, messages: object, problem: str | None = None) -> None:
-        """Keep `messages` if they make a training conversation, else record the problem at `where`."""
+    def add(self, where: str, record: object, problem: str | None = None) -> None:
+        """Keep the parsed record if it is valid, else record the problem at `where`."""
         self.report.read += 1
         if problem is None:
             try:
-                check_messages(messages)  # type: ignore[arg-type]
+                item = self.parse(record)
             except GptlabError as error:
                 problem = str(error)
         if problem is not None:
             if self.on_error == "refuse":
-                raise GptlabError(f"{where}: {problem} (on_error='skip' skips malformed conversations)")
+                raise GptlabError(f"{where}: {problem} (on_error='skip' skips malformed {self.unit})")
             self.report.skipped += 1
             if len(self.report.problems) < SHOWN_PROBLEMS:
                 self.report.problems.append(f"{where}: {problem}")
             return
-        self.conversations.append([{"role": m["role"], "content": m["content"]} for m in messages])  # type: ignore[union-attr]
+        self.items.append(item)
         self.report.kept += 1
+
+
+def parse_conversation(messages: object) -> Conversation:
+    """The messages as a training conversation (role and content only), or GptlabError naming the problem."""
+    check_messages(messages)  # type: ignore[arg-type]
+    return [{"role": m["role"], "content": m["content"]} for m in messages]  # type: ignore[union-attr]
 
 
 def read_conversations(part: PartConfig, *, on_error: str = "skip") -> tuple[list[Conversation], SourceReport]:
     """The valid conversations of a file or dataset part, in source order, and the report of what was skipped."""
     if on_error not in ON_ERROR:
         raise GptlabError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
-    reader = _Reader(part, on_error)
+    reader = RowReader(part, on_error)
     if part.kind == "task":
         raise GptlabError(f"{part.source} is a task: read it with read_task")
     if part.kind == "hf":
@@ -248,14 +257,14 @@ def read_conversations(part: PartConfig, *, on_error: str = "skip") -> tuple[lis
     else:
         if part.split != "train" or part.column != "messages":
             raise GptlabError(f"{part.source}: split and column are options of hf: datasets, not of .jsonl files")
-        for path in _jsonl_files(part.source):
+        for path in jsonl_files(part.source):
             _read_jsonl(path, reader)
             if reader.full:
                 break
-    return reader.conversations, reader.report
+    return reader.items, reader.report
 
 
-def _jsonl_files(spec: str) -> list[Path]:
+def jsonl_files(spec: str) -> list[Path]:
     """A file, a glob or a folder (its .jsonl files, recursively), in a stable order; only .jsonl."""
     path = Path(spec)
     if path.is_dir():
@@ -270,31 +279,33 @@ def _jsonl_files(spec: str) -> list[Path]:
     return files
 
 
-def _read_jsonl(path: Path, reader: _Reader) -> None:
+def _read_jsonl(path: Path, reader: RowReader) -> None:
+    for where, record, problem in jsonl_records(path):
+        if reader.full:
+            return
+        if problem is None and (not isinstance(record, dict) or "messages" not in record):
+            problem = 'no "messages" field (each line is {"messages": [{"role": ..., "content": ...}]})'
+        reader.add(where, None if problem else record["messages"], problem)
+
+
+def jsonl_records(path: Path) -> Iterator[tuple[str, object, str | None]]:
+    """(where, record, problem) for each non-blank line: "chats.jsonl:7", the parsed JSON or None, and why not."""
     with open(path, "rb") as handle:
         for number, line in enumerate(handle, start=1):
-            if reader.full:
-                return
             if not line.strip():
                 continue
             where = f"{path}:{number}"
             if number == 1 and line.startswith(b"\xef\xbb\xbf"):
                 line = line[3:]  # a UTF-8 byte-order mark from a Windows editor
             try:
-                record = json.loads(line.decode("utf-8"))
+                yield where, json.loads(line.decode("utf-8")), None
             except UnicodeDecodeError:
-                reader.add(where, None, "not UTF-8 text")
-                continue
+                yield where, None, "not UTF-8 text"
             except json.JSONDecodeError as error:
-                reader.add(where, None, f"not valid JSON ({error.msg})")
-                continue
-            if not isinstance(record, dict) or "messages" not in record:
-                reader.add(where, None, 'no "messages" field (each line is {"messages": [{"role": ..., "content": ...}]})')
-                continue
-            reader.add(where, record["messages"])
+                yield where, None, f"not valid JSON ({error.msg})"
 
 
-def _read_dataset(part: PartConfig, reader: _Reader) -> None:
+def _read_dataset(part: PartConfig, reader: RowReader) -> None:
     source = HuggingFaceSource(part.source, SourceOptions(text_field=part.column, split=part.split))
     source.check()  # the column exists, when the dataset declares its columns
     for row, record in enumerate(source.records()):
@@ -317,8 +328,17 @@ def load_task(name: str, options: tuple[tuple[str, int | float | str], ...] = ()
 
 
 def read_task(part: PartConfig, split: str, n: int | None, *, on_error: str = "skip") -> tuple[list[Conversation], SourceReport]:
-    """n examples of a task's split as conversations, checked like any other source. The test split is
-    finite: n is capped at its size, and None means all of it; the train split needs n."""
+    """n examples of a task's split as conversations, checked like any other source (n: see task_examples)."""
+    task, examples = task_examples(part, split, n)
+    reader = RowReader(replace(part, n=None), on_error)
+    for number, example in enumerate(examples):
+        reader.add(f"{part.source} {split} example {number}", task.conversation(example))
+    return reader.items, reader.report
+
+
+def task_examples(part: PartConfig, split: str, n: int | None) -> tuple:
+    """The task of a task: part and n examples of its split. The test split is finite: n is capped at
+    its size, and None means all of it; the train split needs n."""
     name = part.source[len("task:") :]
     if not name:
         raise GptlabError("task: needs a name, e.g. task:arithmetic")
@@ -330,10 +350,7 @@ def read_task(part: PartConfig, split: str, n: int | None, *, on_error: str = "s
         raise GptlabError(f"{part.source}: say how many {split} examples to make, e.g. {part.source}[n=5000]")
     if size is not None:
         n = size if n is None else min(n, size)
-    reader = _Reader(replace(part, n=None), on_error)
-    for number, example in enumerate(task.examples(split, n)):
-        reader.add(f"{part.source} {split} example {number}", task.conversation(example))
-    return reader.conversations, reader.report
+    return task, task.examples(split, n)
 
 
 # ---------------------------------------------------------------- the mixture
@@ -438,14 +455,14 @@ def _read_split(part: PartConfig, config: MixtureConfig) -> tuple[list[Conversat
         report.train, report.val = len(train), len(val)
         return train, val, report
     conversations, report = read_conversations(part, on_error=config.on_error)
-    held = _held_out(part.source, len(conversations), config.val_fraction)
+    held = held_out(part.source, len(conversations), config.val_fraction)
     train = [c for i, c in enumerate(conversations) if i not in held]
     val = [conversations[i] for i in sorted(held)]
     report.train, report.val = len(train), len(val)
     return train, val, report
 
 
-def _held_out(source: str, size: int, fraction: float) -> set[int]:
+def held_out(source: str, size: int, fraction: float) -> set[int]:
     """ceil(fraction × size) indices drawn with a seed from the source's name, so any training seed holds out the same."""
     count = math.ceil(fraction * size)
     if count == 0:

@@ -38,8 +38,9 @@ def register(stages) -> None:
     parser.set_defaults(handler=run, accepts_overrides=True)
 
 
-def resolve_config(args: argparse.Namespace):
-    """The preset with the overrides; seq_len shortened to the base model's context when the preset's is longer."""
+def resolve_config(args: argparse.Namespace, presets: dict | None = None):
+    """The preset with the overrides; seq_len shortened to the base model's context when the preset's is longer.
+    `presets`: SFT's by default (gptlab dpo passes its own)."""
     from gptlab.align.sft import SFT_PRESETS
     from gptlab.cli.common import model_path
     from gptlab.model.hf import read_pretrained_config
@@ -50,7 +51,7 @@ def resolve_config(args: argparse.Namespace):
     for key in given:
         if key == "init_from" or (key.startswith("model.") and key != "model.dropout"):
             raise GptlabError(f"--{key.replace('_', '-')}: the model is the one --init names; drop it")
-    base = SFT_PRESETS[args.preset]()
+    base = (presets or SFT_PRESETS)[args.preset]()
     init = read_pretrained_config(model_path(args.init))
     defaults = {"init_from": args.init, **{f"model.{key}": value for key, value in dataclasses.asdict(init).items()}}
     if "seq_len" not in given and base.seq_len > init.block_size:
