@@ -138,3 +138,21 @@ def test_dpo_command_runs_and_refuses_bad_input_leaving_nothing(chat_model, tmp_
     (foreign / "notes.txt").write_text("mine")
     assert main([*args, "--out", str(foreign)]) == 1
     assert capsys.readouterr().err.count("\n") == 1 and sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+
+
+def test_dpo_sft_weight_adds_the_chosen_replies_nll_per_token(chat_model, tmp_path):
+    """RPO: the micro-batch loss is DPO's mean plus α × the mean over pairs of the chosen reply's NLL per token."""
+    plain = DPOTrainer(dpo_config(chat_model, tmp_path / "a", reference="model"), log=lambda *_: None)
+    weighted = DPOTrainer(dpo_config(chat_model, tmp_path / "b", reference="model", sft_weight=0.7), log=lambda *_: None)
+    policy = load_model(chat_model).eval()
+    for trainer in (plain, weighted):
+        trainer.reference_model, trainer.reference_table, trainer.cast = load_model(chat_model).eval(), {}, nullcontext()
+        trainer.wrapped, trainer.accum, trainer.tally = policy, 1, torch.zeros(4)
+    x, y, kwargs = plain._loader("train").next_batch()
+    pairs = plain.splits["train"].pairs
+    nll = [-reply_logprob(policy, plain.chat, pairs[i].prompt, pairs[i].chosen)[0] / reply_logprob(policy, plain.chat, pairs[i].prompt, pairs[i].chosen)[1]
+           for i in kwargs["pair_index"].tolist()]
+    expected = plain._micro_loss(x, y, kwargs, None) + 0.7 * torch.stack(nll).mean()
+    assert weighted._micro_loss(x, y, kwargs, None).item() == pytest.approx(expected.item(), rel=1e-5)
+    with pytest.raises(GptlabError, match="sft_weight"):
+        dpo_config(chat_model, tmp_path / "c", sft_weight=-1.0)

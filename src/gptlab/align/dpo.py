@@ -9,6 +9,8 @@ h = (log π(c) − log π_ref(c)) − (log π(r) − log π_ref(r)) for a chosen
     sigmoid   −log σ(β h)                     (Rafailov et al. 2023, eq. 7)
               (1 − ε)·−log σ(β h) + ε·−log σ(−β h) with label_smoothing ε: conservative DPO,
               for labels that are wrong with probability ε
+              + α·NLL(c) per token with sft_weight α: RPO (Pang et al. 2024; TRL's rpo_alpha). Plain DPO
+              can widen the margin by making both replies unlikely; this keeps the chosen one likely
     ipo       (h − 1/(2β))²                   (Azar et al. 2023, eq. 17), with the log-probabilities
               averaged over the reply's tokens, as TRL does: IPO's target margin 1/(2β) is then
               per token, and long replies do not dominate
@@ -92,6 +94,7 @@ class DPOConfig(TrainConfig):
     beta: float = 0.1  # how far from the reference the policy may move: larger keeps it closer
     loss: str = "sigmoid"  # sigmoid (DPO) | ipo
     label_smoothing: float = 0.0  # sigmoid: the assumed share of mislabelled pairs (conservative DPO)
+    sft_weight: float = 0.0  # adds this times the chosen replies' per-token NLL (RPO; TRL's rpo_alpha): keeps them likely
     reference: str = "precomputed"  # precomputed (once, saved with the run) | model (a frozen copy, scored each step)
     val_fraction: float = 0.05  # held out of every file and dataset (tasks: their test split)
     on_error: str = "skip"  # malformed pairs: skip (counted, reported) | refuse (stop at the first)
@@ -108,6 +111,8 @@ class DPOConfig(TrainConfig):
             raise GptlabError(f"label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
         if self.label_smoothing and self.loss != "sigmoid":
             raise GptlabError(f"label_smoothing is for the sigmoid loss, not {self.loss}; drop it")
+        if not (math.isfinite(self.sft_weight) and self.sft_weight >= 0):
+            raise GptlabError(f"sft_weight must be 0 or more, got {self.sft_weight}")
         if self.reference not in REFERENCES:
             raise GptlabError(f"unknown reference {self.reference!r}; use one of {', '.join(REFERENCES)}")
         if self.task_examples < 1:
@@ -267,7 +272,7 @@ class DPOTrainer(Trainer):
         config = self.config
         losses, chosen, rejected = dpo_loss(policy[:B], policy[B:], reference[:B], reference[B:], beta=config.beta,
                                             kind=config.loss, label_smoothing=config.label_smoothing)
-        return losses, chosen, rejected, sums.detach()
+        return losses, chosen, rejected, sums
 
     def _step_batches(self) -> tuple[list[tuple], list[float | None]]:
         """The step's micro-batches; each one's loss is the mean over its pairs / accum (equal-sized micro-batches)."""
@@ -275,9 +280,13 @@ class DPOTrainer(Trainer):
         return [self.train_loader.next_batch() for _ in range(self.accum)], [None] * self.accum
 
     def _micro_loss(self, x: torch.Tensor, y: torch.Tensor, kwargs: dict, weight: float | None) -> torch.Tensor:
-        losses, chosen, rejected, _ = self._pair_losses(self.wrapped, "train", x, y, kwargs)
+        losses, chosen, rejected, sums = self._pair_losses(self.wrapped, "train", x, y, kwargs)
         self.tally += torch.stack([chosen.sum(), rejected.sum(), (chosen > rejected).sum(), torch.tensor(len(chosen))]).cpu()
-        return losses.mean() / self.accum
+        loss = losses.mean()
+        if self.config.sft_weight:  # RPO: the chosen replies' NLL per token, so DPO cannot just make both unlikely
+            B = len(chosen)
+            loss = loss + self.config.sft_weight * -(sums[:B] / (y[:B] != IGNORE).sum(-1).clamp(min=1)).mean()
+        return loss / self.accum
 
     def _step_metrics(self) -> dict[str, float]:
         chosen, rejected, correct, pairs = _all_reduce(self.tally.to(self.runtime.device)).tolist()
