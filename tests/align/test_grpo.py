@@ -13,6 +13,7 @@ from gptlab.align.rollout import pad_rows, rollout
 from gptlab.cli.main import main
 from gptlab.infer.generate import SamplingConfig
 from gptlab.model import GPT, preset
+from gptlab.model.io import load_model
 from gptlab.runtime import GptlabError
 from gptlab.train.optim import OptimizerConfig
 from gptlab.train.schedule import ScheduleConfig
@@ -273,3 +274,51 @@ def test_two_gloo_ranks_train_as_one_process(chat_model, tmp_path):
     assert any(not torch.equal(single[name], start[name]) for name in single)  # it trained
     for name in single:
         torch.testing.assert_close(ddp[name], single[name], rtol=1e-4, atol=1e-5)
+
+
+def first_vowel(examples, texts):
+    """1 when the completion's first character is a vowel: decided by the first token alone."""
+    return [float(text[:1].lower() in "aeiou") for text in texts], {}
+
+
+def exact_expected_reward(model, trainer, examples) -> float:
+    """E[first_vowel] over the first token's distribution, summed over the whole vocabulary: no sampling noise."""
+    tokenizer = trainer.tokenizer
+    good = torch.tensor([float(tokenizer.decode([i])[:1].lower() in "aeiou") for i in range(tokenizer.vocab_size)])
+    total = 0.0
+    for example in examples:
+        prompt = trainer.chat.prompt([{"role": "user", "content": example.question}])
+        with torch.no_grad():
+            logits, _ = model.eval()(torch.tensor([prompt]))
+        total += (torch.softmax(logits[0, -1, : tokenizer.vocab_size], -1) * good).sum().item()
+    return total / len(examples)
+
+
+@pytest.mark.parametrize("loss", ["grpo", "dapo", "reinforce", "expert"])
+def test_a_few_steps_raise_the_exact_expected_reward_on_held_out_prompts(chat_model, tmp_path, loss):
+    config = grpo_config(chat_model, tmp_path / "run", max_steps=10, prompts_per_step=8, group_size=8, micro_batch=64,
+                         loss=loss, checkpoint_every=0)
+    trainer = GRPOTrainer(config, log=lambda *_: None)
+    trainer.score = first_vowel
+    held_out = trainer.task.examples("test", 20)
+    before = exact_expected_reward(load_model(chat_model), trainer, held_out)
+    trainer.fit()
+    after = exact_expected_reward(trainer.model, trainer, held_out)
+    assert after > before + 0.05, (before, after)
+
+
+def test_grpo_takes_a_reward_function_from_a_file_on_the_command_line(chat_model, tmp_path, capsys):
+    rewards = tmp_path / "my_rewards.py"
+    rewards.write_text("def vowel_first(prompts, completions, **columns):\n"
+                       "    return [float(text[:1].lower() in 'aeiou') for text in completions]\n")
+    args = ["grpo", "--init", str(chat_model), "--out", str(tmp_path / "run"), "--reward", f"verifier,{rewards}:vowel_first*0.5",
+            "--max-steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--micro-batch", "8",
+            "--max-new-tokens", "4", "--eval-examples", "2", "--eval-samples", "2", "--device", "cpu", "--train-examples", "20"]
+    assert main(args) == 0
+    record = json.loads((tmp_path / "run/metrics.jsonl").read_text().splitlines()[0])
+    assert {"reward_verifier", "reward_vowel_first"} <= set(record)  # each function's mean, logged
+    assert record["reward"] == pytest.approx(record["reward_verifier"] + 0.5 * record["reward_vowel_first"])
+    capsys.readouterr()
+    assert main([*args[:5], "--reward", f"{tmp_path / 'none.py'}:vowel_first", *args[7:]]) != 0
+    error = capsys.readouterr().err
+    assert "none.py" in error and len(error.strip().splitlines()) == 1 and not (tmp_path / "run2").exists()
