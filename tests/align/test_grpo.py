@@ -322,3 +322,24 @@ def test_grpo_takes_a_reward_function_from_a_file_on_the_command_line(chat_model
     assert main([*args[:5], "--reward", f"{tmp_path / 'none.py'}:vowel_first", *args[7:]]) != 0
     error = capsys.readouterr().err
     assert "none.py" in error and len(error.strip().splitlines()) == 1 and not (tmp_path / "run2").exists()
+
+
+def test_grpo_on_a_gsm8k_style_dataset_rewards_the_final_number(chat_model, tmp_path):
+    """GSM8K through the hf: source layer (a local dataset here, the hub online): prompts from its train split,
+    rewards from `#### N` or the last number, held-out measures on its test split."""
+    pytest.importorskip("datasets")
+    from gptlab.align.grpo import make_scorer
+    from gptlab.chat.tasks import GSM8K
+
+    from ..chat.test_gsm8k import write_dataset
+
+    source = write_dataset(tmp_path / "gsm8k")
+    config = grpo_config(chat_model, tmp_path / "run", task=f"gsm8k[source={source}]", max_new_tokens=6, seq_len=64,
+                         eval_examples=50)
+    trainer = GRPOTrainer(config, log=lambda *_: None)
+    assert [example.answer for example in trainer.pool] == ["72", "2000", "-2", "3.5"]  # the 2 malformed rows skipped
+    score = make_scorer("verifier", GSM8K(source=source))
+    rewards, _ = score(trainer.pool[:3], ["so 24 + 48 = 72", "#### 2,000 dollars", "it is 2"])
+    assert rewards == [1.0, 1.0, 0.0]
+    result = run_grpo(config, log=lambda *_: None)
+    assert result.status == "finished" and result.after["gsm8k_n"] == 2  # the test split holds 2 problems
