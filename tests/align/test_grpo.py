@@ -205,6 +205,7 @@ def test_run_grpo_reports_held_out_accuracy_and_pass_at_k(chat_model, tmp_path):
     assert result.before["arithmetic_n"] == 4
     assert 0 <= result.before["arithmetic_pass@1"] <= result.before["arithmetic_pass@2"] <= 1
     assert any(line.startswith("before: arithmetic held-out accuracy") and "95% CI" in line for line in lines)
+    assert any(line.startswith("change on the same 4 held-out questions: accuracy") for line in lines)
     record = json.loads((tmp_path / "run/completions.jsonl").read_text().splitlines()[0])
     assert set(record) == {"step", "rollout", "question", "completion", "reward"}
     metrics = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
@@ -343,3 +344,16 @@ def test_grpo_on_a_gsm8k_style_dataset_rewards_the_final_number(chat_model, tmp_
     assert rewards == [1.0, 1.0, 0.0]
     result = run_grpo(config, log=lambda *_: None)
     assert result.status == "finished" and result.after["gsm8k_n"] == 2  # the test split holds 2 problems
+
+
+def test_compare_gives_paired_intervals_over_the_same_questions():
+    from gptlab.align.grpo import HeldOut, compare
+    from gptlab.eval.stats import mean_interval
+
+    before = HeldOut(greedy=[False, False, True, False], samples=[0, 1, 4, 2], k=4)
+    after = HeldOut(greedy=[True, False, True, True], samples=[2, 3, 4, 2], k=4)
+    line = compare(before, after)
+    low, high = mean_interval([1, 0, 0, 1])
+    assert f"accuracy +0.500 (95% CI {low:+.3f} to {high:+.3f})" in line
+    assert "pass@1 +0.250" in line
+    assert after.summary("t") == {"t_accuracy": 0.75, "t_pass@1": 11 / 16, "t_pass@4": 1.0, "t_correct": 3, "t_n": 4}

@@ -527,37 +527,65 @@ def make_scorer(spec: str, task) -> Callable[[list, list[str]], tuple[list[float
 # ---------------------------------------------------------------- held-out measures and the run
 
 
-def heldout_fn(chat: ChatFormat, task, config: GRPOConfig, sampling: SamplingConfig) -> Callable[[GPT], dict[str, float]]:
-    """model -> held-out accuracy (greedy), pass@1 and pass@k (k = eval_samples samples at the rollouts' temperature).
+@dataclass
+class HeldOut:
+    """Per held-out question: greedy right or not, and how many of k samples were right."""
 
-    pass@1 is the mean fraction of a prompt's k samples the verifier accepts, pass@k the fraction of
-    prompts with at least one accepted (with n = k samples the unbiased estimator is exactly these).
-    Under DDP each rank samples its share and the counts are summed.
+    greedy: list[bool]
+    samples: list[int]
+    k: int
+
+    def summary(self, name: str) -> dict[str, float]:
+        n = len(self.greedy)
+        return {f"{name}_accuracy": sum(self.greedy) / n, f"{name}_pass@1": sum(self.samples) / (self.k * n),
+                f"{name}_pass@{self.k}": sum(c > 0 for c in self.samples) / n, f"{name}_correct": sum(self.greedy),
+                f"{name}_n": n}
+
+
+def heldout(model: GPT, chat: ChatFormat, task, config: GRPOConfig, sampling: SamplingConfig) -> HeldOut:
+    """Held-out accuracy (greedy) and k samples per question at the rollouts' temperature, question by question.
+
+    pass@1 is the mean share of a question's k samples the verifier accepts, pass@k the share of
+    questions with one accepted (with n = k samples the unbiased estimator is exactly these).
+    Under DDP each rank takes questions r, r + world, ... and every rank gets the whole lists.
     """
-    from gptlab.eval.chat import evaluate_task
+    from gptlab.eval.chat import grade
 
     size = getattr(task, "test_size", None)
     n = min(config.eval_examples, size) if size else config.eval_examples
-    k, name = config.eval_samples, task.name
+    rank, world = _rank_and_world()
+    mine = task.examples("test", n)[rank::world]
+    greedy = [g.correct for g in grade(model, chat, task, mine, max_new_tokens=config.max_new_tokens)]
+    prompts = [chat.prompt([{"role": "user", "content": example.question}]) for example in mine]
+    groups = rollout(model, prompts, sampling, samples=config.eval_samples, seed=config.seed + 1,
+                     slots=config.slots or None, keys=list(range(rank, n, world)))
+    samples = [sum(task.verify(example, chat.tokenizer.decode([t for t in c.tokens if t not in chat.stop_tokens]))
+                   for c in group) for example, group in zip(mine, groups)]
+    if world > 1:
+        gathered: list = [None] * world
+        torch.distributed.all_gather_object(gathered, (greedy, samples))
+        greedy = [gathered[i % world][0][i // world] for i in range(n)]
+        samples = [gathered[i % world][1][i // world] for i in range(n)]
+    return HeldOut(greedy, samples, config.eval_samples)
 
-    def evaluate(model: GPT) -> dict[str, float]:
-        greedy = evaluate_task(model, chat, task, n=n, max_new_tokens=config.max_new_tokens)
-        rank, world = _rank_and_world()
-        mine = task.examples("test", n)[rank::world]
-        prompts = [chat.prompt([{"role": "user", "content": example.question}]) for example in mine]
-        groups = rollout(model, prompts, sampling, samples=k, seed=config.seed + 1, slots=config.slots or None,
-                         keys=list(range(rank, n, world)))
-        correct = [sum(task.verify(example, chat.tokenizer.decode([t for t in c.tokens if t not in chat.stop_tokens]))
-                       for c in group) for example, group in zip(mine, groups)]
-        counts = torch.tensor([sum(correct) / k, sum(c > 0 for c in correct)], dtype=torch.float64)
-        if world > 1:
-            counts = counts.to(next(model.parameters()).device)
-            torch.distributed.all_reduce(counts)
-            counts = counts.cpu()
-        return {f"{name}_accuracy": greedy["accuracy"], f"{name}_pass@1": counts[0].item() / n,
-                f"{name}_pass@{k}": counts[1].item() / n, f"{name}_correct": greedy["correct"], f"{name}_n": n}
 
-    return evaluate
+def heldout_fn(chat: ChatFormat, task, config: GRPOConfig, sampling: SamplingConfig) -> Callable[[GPT], dict[str, float]]:
+    """model -> the held-out summary, for the Trainer's periodic task_fn."""
+    return lambda model: heldout(model, chat, task, config, sampling).summary(task.name)
+
+
+def compare(before: HeldOut, after: HeldOut) -> str:
+    """The change on the same questions, with 95% paired t intervals over questions (greedy accuracy and pass@1)."""
+    from gptlab.eval.stats import mean_interval
+
+    n = len(before.greedy)
+    greedy = [float(a) - float(b) for a, b in zip(after.greedy, before.greedy)]
+    sampled = [(a - b) / before.k for a, b in zip(after.samples, before.samples)]
+    parts = []
+    for label, differences in (("accuracy", greedy), ("pass@1", sampled)):
+        low, high = mean_interval(differences) if n > 1 else (math.nan, math.nan)
+        parts.append(f"{label} {sum(differences) / n:+.3f} (95% CI {low:+.3f} to {high:+.3f})")
+    return f"change on the same {n} held-out questions: " + ", ".join(parts) + " (paired t intervals)"
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -584,17 +612,20 @@ def run_grpo(config: GRPOConfig, *, runtime=None, log: Callable[[str], None] = p
 
     trainer = GRPOTrainer(config, runtime=runtime, log=log, resume=resume, force=force)
     trainer.sample_fn = chat_sampler(trainer.task.examples("test", 1)[0].question, trainer.config.max_new_tokens)
-    evaluate = heldout_fn(trainer.chat, trainer.task, trainer.config, trainer.sampling)
-    trainer.task_fn = evaluate
-    before = evaluate(load_pretrained_directory(trainer.init_path, device=trainer.runtime.device))
+    task, name = trainer.task, trainer.task.name
+    trainer.task_fn = heldout_fn(trainer.chat, task, trainer.config, trainer.sampling)
+    start = heldout(load_pretrained_directory(trainer.init_path, device=trainer.runtime.device), trainer.chat, task,
+                    trainer.config, trainer.sampling)
+    before, after = start.summary(name), {}
     if trainer.runtime.is_main:
-        log("before: " + describe(before, trainer.task.name, config.eval_samples))
+        log("before: " + describe(before, name, config.eval_samples))
     result = trainer.fit()
-    after = {}
     if result.status != "interrupted":
-        after = evaluate(trainer.model)
+        end = heldout(trainer.model, trainer.chat, task, trainer.config, trainer.sampling)
+        after = end.summary(name)
         if trainer.runtime.is_main:
-            log("after:  " + describe(after, trainer.task.name, config.eval_samples))
+            log("after:  " + describe(after, name, config.eval_samples))
+            log(compare(start, end))
     if trainer.runtime.is_main:
         log(f"{result.status} after {result.steps} steps in {result.seconds:.0f} s; checkpoint {result.checkpoint}")
     return GRPOResult(result, before, after)
