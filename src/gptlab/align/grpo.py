@@ -138,7 +138,7 @@ def grpo_cpu() -> GRPOConfig:
         optimizer=OptimizerConfig(lr=1e-4, weight_decay=0.0, betas=(0.9, 0.95)),
         schedule=ScheduleConfig(kind="constant", warmup_steps=0),
         prompts_per_step=16, group_size=8, micro_batch=32, seq_len=128, max_new_tokens=24,
-        max_steps=60, eval_every=0, checkpoint_every=20, log_every=5, eval_examples=100, eval_samples=8,
+        max_steps=60, eval_every=0, checkpoint_every=20, log_every=5, eval_examples=100, eval_samples=16,
     )
 
 

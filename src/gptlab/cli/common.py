@@ -102,3 +102,33 @@ def positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def add_tuning_parser(stages, name: str, *, help: str, description: str, presets: dict, default: str,
+                      skip: tuple[str, ...], init_help: str, handler) -> argparse.ArgumentParser:
+    """The parser of a command that trains from --init with a preset and dotted overrides (sft, dpo, grpo)."""
+    from gptlab.runtime.config import describe_fields
+
+    parser = stages.add_parser(
+        name, help=help, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"config fields (dotted, --key value; defaults of the {default} preset):\n"
+        + describe_fields(presets[default](), skip=skip),
+    )
+    parser.add_argument("--init", required=True, metavar="MODEL", help=init_help)
+    parser.add_argument("--preset", default=default, choices=sorted(presets), help=f"{default} (default)")
+    parser.add_argument("--no-resume", action="store_true", help="start from step 0; refused if --out holds a run (see --force)")
+    parser.add_argument("--force", action="store_true", help="start over: first clear the run in --out (its own files only)")
+    parser.set_defaults(handler=handler, accepts_overrides=True)
+    return parser
+
+
+def run_tuning(config, run_fn, args: argparse.Namespace) -> int:
+    """Run `run_fn(config, runtime=..., resume=..., force=...)` on the config's device; 130 when interrupted."""
+    from gptlab.runtime.device import init_runtime, shutdown_runtime
+
+    runtime = init_runtime(config.device)
+    try:
+        result = run_fn(config, runtime=runtime, resume=not args.no_resume, force=args.force)
+    finally:
+        shutdown_runtime(runtime)
+    return 0 if result.status != "interrupted" else 130

@@ -21,34 +21,21 @@ DEFAULT_PRESET = "dpo-cpu"
 
 def register(stages) -> None:
     from gptlab.align.dpo import DPO_PRESETS
-    from gptlab.runtime.config import describe_fields
+    from gptlab.cli.common import add_tuning_parser
 
-    parser = stages.add_parser(
-        "dpo",
+    add_tuning_parser(
+        stages, "dpo", presets=DPO_PRESETS, default=DEFAULT_PRESET, skip=IGNORED, handler=run,
         help="align a chat model with preference pairs (DPO, IPO)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Direct Preference Optimisation: the model learns to prefer each pair's chosen reply over the "
         "rejected one, staying near the --init model (JSONL in the TRL preference formats, hf:DATASET, built-in "
         "task:NAME with verified-wrong rejections; see gptlab.align.pairs).",
-        epilog=f"config fields (dotted, --key value; defaults of the {DEFAULT_PRESET} preset):\n"
-        + describe_fields(DPO_PRESETS[DEFAULT_PRESET](), skip=IGNORED),
+        init_help="the model to align (and the reference): a run, checkpoint or model folder",
     )
-    parser.add_argument("--init", required=True, metavar="MODEL", help="the model to align (and the reference): a run, checkpoint or model folder")
-    parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(DPO_PRESETS), help=f"{DEFAULT_PRESET} (default)")
-    parser.add_argument("--no-resume", action="store_true", help="start from step 0; refused if --out holds a run (see --force)")
-    parser.add_argument("--force", action="store_true", help="start over: first clear the run in --out (its own files only)")
-    parser.set_defaults(handler=run, accepts_overrides=True)
 
 
 def run(args: argparse.Namespace) -> int:
     from gptlab.align.dpo import DPO_PRESETS, run_dpo
+    from gptlab.cli.common import run_tuning
     from gptlab.cli.sft import resolve_config
-    from gptlab.runtime.device import init_runtime, shutdown_runtime
 
-    config = resolve_config(args, DPO_PRESETS)
-    runtime = init_runtime(config.device)
-    try:
-        result = run_dpo(config, runtime=runtime, resume=not args.no_resume, force=args.force)
-    finally:
-        shutdown_runtime(runtime)
-    return 0 if result.status != "interrupted" else 130
+    return run_tuning(resolve_config(args, DPO_PRESETS), run_dpo, args)

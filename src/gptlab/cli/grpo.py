@@ -21,22 +21,15 @@ IGNORED = ("init_from", "model", "data", "tokenizer", "batch_tokens", "loader_mo
 
 def register(stages) -> None:
     from gptlab.align.grpo import GRPO_PRESETS
-    from gptlab.runtime.config import describe_fields
+    from gptlab.cli.common import add_tuning_parser
 
-    parser = stages.add_parser(
-        "grpo",
+    add_tuning_parser(
+        stages, "grpo", presets=GRPO_PRESETS, default=DEFAULT_PRESET, skip=IGNORED, handler=run,
         help="reinforcement learning with verifiable rewards (GRPO, DAPO, Dr. GRPO, REINFORCE, expert iteration)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="GRPO: the chat model samples a group of answers per prompt, a verifier scores them, and the "
         "policy gradient favours the better ones (see gptlab.align.grpo for the loss variants).",
-        epilog=f"config fields (dotted, --key value; defaults of the {DEFAULT_PRESET} preset):\n"
-        + describe_fields(GRPO_PRESETS[DEFAULT_PRESET](), skip=IGNORED),
+        init_help="the chat model: a run, checkpoint or model folder",
     )
-    parser.add_argument("--init", required=True, metavar="MODEL", help="the chat model: a run, checkpoint or model folder")
-    parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(GRPO_PRESETS), help=f"{DEFAULT_PRESET} (default)")
-    parser.add_argument("--no-resume", action="store_true", help="start from step 0; refused if --out holds a run (see --force)")
-    parser.add_argument("--force", action="store_true", help="start over: first clear the run in --out (its own files only)")
-    parser.set_defaults(handler=run, accepts_overrides=True)
 
 
 def resolve_config(args: argparse.Namespace):
@@ -57,12 +50,6 @@ def resolve_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from gptlab.align.grpo import run_grpo
-    from gptlab.runtime.device import init_runtime, shutdown_runtime
+    from gptlab.cli.common import run_tuning
 
-    config = resolve_config(args)
-    runtime = init_runtime(config.device)
-    try:
-        result = run_grpo(config, runtime=runtime, resume=not args.no_resume, force=args.force)
-    finally:
-        shutdown_runtime(runtime)
-    return 0 if result.status != "interrupted" else 130
+    return run_tuning(resolve_config(args), run_grpo, args)

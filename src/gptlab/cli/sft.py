@@ -20,22 +20,15 @@ IGNORED = ("init_from", "model", "loader_mode", "hellaswag_every", "hellaswag_pa
 
 def register(stages) -> None:
     from gptlab.align.sft import SFT_PRESETS
-    from gptlab.runtime.config import describe_fields
+    from gptlab.cli.common import add_tuning_parser
 
-    parser = stages.add_parser(
-        "sft",
+    add_tuning_parser(
+        stages, "sft", presets=SFT_PRESETS, default=DEFAULT_PRESET, skip=IGNORED, handler=run,
         help="fine-tune a model on conversations (chat format, loss on the assistant's tokens)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Supervised fine-tuning: the base model gains the chat tokens and learns from conversations "
         "(JSONL in the OpenAI messages format, hf:DATASET, built-in task:NAME; see gptlab.chat.data for mixtures).",
-        epilog=f"config fields (dotted, --key value; defaults of the {DEFAULT_PRESET} preset):\n"
-        + describe_fields(SFT_PRESETS[DEFAULT_PRESET](), skip=IGNORED),
+        init_help="the base model: a run, checkpoint or model folder",
     )
-    parser.add_argument("--init", required=True, metavar="MODEL", help="the base model: a run, checkpoint or model folder")
-    parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(SFT_PRESETS), help=f"{DEFAULT_PRESET} (default)")
-    parser.add_argument("--no-resume", action="store_true", help="start from step 0; refused if --out holds a run (see --force)")
-    parser.add_argument("--force", action="store_true", help="start over: first clear the run in --out (its own files only)")
-    parser.set_defaults(handler=run, accepts_overrides=True)
 
 
 def resolve_config(args: argparse.Namespace, presets: dict | None = None):
@@ -64,12 +57,6 @@ def resolve_config(args: argparse.Namespace, presets: dict | None = None):
 
 def run(args: argparse.Namespace) -> int:
     from gptlab.align.sft import run_sft
-    from gptlab.runtime.device import init_runtime, shutdown_runtime
+    from gptlab.cli.common import run_tuning
 
-    config = resolve_config(args)
-    runtime = init_runtime(config.device)
-    try:
-        result = run_sft(config, runtime=runtime, resume=not args.no_resume, force=args.force)
-    finally:
-        shutdown_runtime(runtime)
-    return 0 if result.status != "interrupted" else 130
+    return run_tuning(resolve_config(args), run_sft, args)
