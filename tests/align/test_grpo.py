@@ -3,6 +3,7 @@ rollouts, exact resume, and mistakes caught before compute."""
 
 import dataclasses
 import json
+import math
 import shutil
 
 import pytest
@@ -242,8 +243,10 @@ def test_grpo_cli_runs_and_refuses_with_one_line(chat_model, tmp_path, capsys):
         (["--init", str(chat_model), "--out", str(foreign)], "notes.txt"),
     ]:
         assert main(["grpo", *args, *small]) != 0
-        error = capsys.readouterr().err
+        printed = capsys.readouterr()
+        error = printed.err
         assert message in error and "Traceback" not in error and len(error.strip().splitlines()) == 1
+        assert "before:" not in printed.out  # refused before the held-out measurement: no compute spent
     assert (foreign / "notes.txt").read_text() == "keep me" and sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
 
 
@@ -357,3 +360,16 @@ def test_compare_gives_paired_intervals_over_the_same_questions():
     assert f"accuracy +0.500 (95% CI {low:+.3f} to {high:+.3f})" in line
     assert "pass@1 +0.250" in line
     assert after.summary("t") == {"t_accuracy": 0.75, "t_pass@1": 11 / 16, "t_pass@4": 1.0, "t_correct": 3, "t_n": 4}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_grpo_and_dpo_run_on_cuda_in_bf16(chat_model, tmp_path):
+    """The CUDA paths (the engine's rollouts, autocast, the Trainer's step) where a GPU exists."""
+    from gptlab.align.dpo import DPOConfig, run_dpo
+
+    result = run_grpo(grpo_config(chat_model, tmp_path / "grpo", device="cuda", precision="bf16"), log=lambda *_: None)
+    assert result.status == "finished" and all(math.isfinite(loss) for loss in result.train.losses)
+    config = DPOConfig(data="task:arithmetic[n=64,digits=1]", init_from=str(chat_model), out=str(tmp_path / "dpo"),
+                       batch_tokens=8 * 64, micro_batch=8, seq_len=64, max_steps=2, device="cuda", precision="bf16",
+                       model=preset("gpt2-tiny"), tasks="none")
+    assert run_dpo(config, log=lambda *_: None).status == "finished"

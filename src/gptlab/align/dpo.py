@@ -351,14 +351,17 @@ def run_dpo(config: DPOConfig, *, runtime=None, log: Callable[[str], None] = pri
     trainer = DPOTrainer(config, runtime=runtime, log=log, resume=resume, force=force,
                          sample_fn=chat_sampler(chosen[0].examples("test", 1)[0].question) if chosen else None)
     tasks = task_accuracy_fn(trainer.chat, chosen, config.task_examples) if chosen else None
-    before, after = {}, {}
-    init = trainer.start.model(trainer.runtime.device)
-    if trainer.has_val:
-        before.update(trainer.held_out(init, reference=False))
-    if tasks is not None:
-        before.update(tasks(init))
-    del init
+    def measure_start() -> dict[str, float]:
+        init, figures = trainer.start.model(trainer.runtime.device), {}
+        if trainer.has_val:
+            figures.update(trainer.held_out(init, reference=False))
+        if tasks is not None:
+            figures.update(tasks(init))
+        return figures
+
+    trainer.before_fn = measure_start
     result = trainer.fit()
+    before, after = trainer.before or {}, {}
     if result.status != "interrupted":
         if trainer.has_val:
             after.update(trainer.held_out(trainer.model, reference=False))

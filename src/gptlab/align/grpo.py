@@ -426,6 +426,9 @@ class GRPOTrainer(Trainer):
         examples = self.task.examples("train", min(config.train_examples, size) if size else config.train_examples)
         room = min(config.seq_len + 1, config.model.block_size) - config.max_new_tokens
         pool = [e for e in examples if len(self.chat.prompt([{"role": "user", "content": e.question}])) <= room]
+        if room < 1:
+            raise GptlabError(f"max_new_tokens {config.max_new_tokens} leaves no room for a prompt in seq_len "
+                              f"{config.seq_len} (the model's context is {config.model.block_size}); lower --max-new-tokens")
         if not pool:
             raise GptlabError(f"no {self.task.name} prompt fits {room} tokens (seq_len {config.seq_len} less "
                               f"max_new_tokens {config.max_new_tokens}); lower --max-new-tokens")
@@ -614,12 +617,18 @@ def run_grpo(config: GRPOConfig, *, runtime=None, log: Callable[[str], None] = p
     trainer.sample_fn = chat_sampler(trainer.task.examples("test", 1)[0].question, trainer.config.max_new_tokens)
     task, name = trainer.task, trainer.task.name
     trainer.task_fn = heldout_fn(trainer.chat, task, trainer.config, trainer.sampling)
-    start = heldout(load_pretrained_directory(trainer.init_path, device=trainer.runtime.device), trainer.chat, task,
-                    trainer.config, trainer.sampling)
-    before, after = start.summary(name), {}
-    if trainer.runtime.is_main:
-        log("before: " + describe(before, name, config.eval_samples))
+
+    def measure_start() -> HeldOut:
+        start = heldout(load_pretrained_directory(trainer.init_path, device=trainer.runtime.device), trainer.chat, task,
+                        trainer.config, trainer.sampling)
+        if trainer.runtime.is_main:
+            log("before: " + describe(start.summary(name), name, config.eval_samples))
+        return start
+
+    trainer.before_fn = measure_start
     result = trainer.fit()
+    start = trainer.before
+    before, after = start.summary(name), {}
     if result.status != "interrupted":
         end = heldout(trainer.model, trainer.chat, task, trainer.config, trainer.sampling)
         after = end.summary(name)

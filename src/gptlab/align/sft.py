@@ -192,10 +192,10 @@ def run_sft(config: SFTConfig, *, runtime=None, log: Callable[[str], None] = pri
                          sample_fn=chat_sampler(chosen[0].examples("test", 1)[0].question) if chosen else None)
     tasks = task_accuracy_fn(trainer.chat, chosen, config.task_examples) if chosen else None
     trainer.task_fn = tasks
-    before = {}
     if tasks is not None:
-        before = tasks(trainer.start.model(trainer.runtime.device))
+        trainer.before_fn = lambda: tasks(trainer.start.model(trainer.runtime.device))
     result = trainer.fit()
+    before = trainer.before or {}
     after, seen = {}, {}
     if tasks is not None and result.status != "interrupted":
         after = tasks(trainer.model)

@@ -124,6 +124,8 @@ class Trainer:
         self.print = log if self.runtime.is_main else (lambda *_: None)
         self.resume, self.force = resume, force
         self.started = False  # True once the training loop has begun (fit)
+        self.before_fn: Callable[[], object] | None = None  # measures the start (e.g. task accuracy), once the folder is ours
+        self.before: object = None  # ... and what it measured
         self.config = self._check_before_compute(config)
 
     # ------------------------------------------------------------ set-up
@@ -281,6 +283,8 @@ class Trainer:
             if self.folder is not None:
                 self.folder.undo()
             raise
+        if self.before_fn is not None:  # after the folder is claimed: a refused --out costs no compute
+            self.before = self.before_fn()
         self.start_time = time.perf_counter()
         if self.state.finished and self.state.step >= self.config.max_steps:
             self.print(f"{self.config.out} already finished its {self.state.step} steps; nothing to train")
