@@ -156,3 +156,30 @@ def test_dpo_sft_weight_adds_the_chosen_replies_nll_per_token(chat_model, tmp_pa
     assert weighted._micro_loss(x, y, kwargs, None).item() == pytest.approx(expected.item(), rel=1e-5)
     with pytest.raises(GptlabError, match="sft_weight"):
         dpo_config(chat_model, tmp_path / "c", sft_weight=-1.0)
+
+
+DPO_DDP_SCRIPT = """
+import sys
+from pathlib import Path
+from gptlab.align.dpo import run_dpo
+from tests.align.test_dpo import dpo_config
+result = run_dpo(dpo_config(Path(sys.argv[1]), Path(sys.argv[2]), micro_batch=4, max_steps=2), log=lambda *_: None)
+print(f"status {result.status} accuracy {result.after['preference_accuracy']:.6f}", flush=True)
+"""
+
+
+def test_dpo_runs_on_two_gloo_ranks_and_they_agree(chat_model, tmp_path):
+    """Each rank takes its share of pairs; held-out figures are summed over ranks, so both report the same;
+    rank 0 alone writes the reference file, and the checkpoint holds both ranks' loader states."""
+    from gptlab.train.checkpoint import list_checkpoints
+
+    from ..train.test_trainer import run_on_two_ranks
+
+    result = run_on_two_ranks(DPO_DDP_SCRIPT, chat_model, tmp_path)
+    import re
+
+    reports = re.findall(r"status (\w+) accuracy ([0-9.]+)", result.stdout)  # the ranks' lines may run together
+    assert len(reports) == 2 and reports[0] == reports[1] and reports[0][0] == "finished"
+    assert (tmp_path / "ddp" / "reference_logprobs.pt").is_file()
+    state = json.loads((list_checkpoints(tmp_path / "ddp")[-1] / "trainer_state.json").read_text())
+    assert len(state["loader"]) == 2
