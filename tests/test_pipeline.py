@@ -81,6 +81,7 @@ def test_run_goes_from_corpus_to_samples_and_reports_every_figure(finished):
     assert chat_tokenizer.encode_ordinary("To be, or not") == tokenizer.encode_ordinary("To be, or not")
     assert "arithmetic_accuracy:" in log and "sorting_accuracy:" in log and "before fine-tuning" in log
     assert "[9/9] chat" in log and log.count("assistant: ") == 2 and f"gptlab chat {out / 'sft'}" in log
+    assert f"gptlab dpo --init {out / 'sft'}" in log  # and how to align it
 
 
 def test_rerunning_the_same_run_reuses_every_finished_stage_and_changes_nothing(finished, capsys):
