@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import argparse
 
-from gptlab.cli.sft import IGNORED
+from gptlab.cli.sft import IGNORED as SFT_IGNORED
 
 DEFAULT_PRESET = "dpo-cpu"
+IGNORED = (*SFT_IGNORED, "eval_batches")  # every held-out pair is scored at each evaluation
 
 
 def register(stages) -> None:
@@ -38,4 +39,4 @@ def run(args: argparse.Namespace) -> int:
     from gptlab.cli.common import run_tuning
     from gptlab.cli.sft import resolve_config
 
-    return run_tuning(resolve_config(args, DPO_PRESETS), run_dpo, args)
+    return run_tuning(resolve_config(args, DPO_PRESETS, IGNORED), run_dpo, args)

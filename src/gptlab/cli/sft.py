@@ -31,9 +31,9 @@ def register(stages) -> None:
     )
 
 
-def resolve_config(args: argparse.Namespace, presets: dict | None = None):
+def resolve_config(args: argparse.Namespace, presets: dict | None = None, ignored: tuple[str, ...] = IGNORED):
     """The preset with the overrides; seq_len shortened to the base model's context when the preset's is longer.
-    `presets`: SFT's by default (gptlab dpo passes its own)."""
+    `presets` and `ignored` (fields refused): SFT's by default (gptlab dpo passes its own)."""
     from gptlab.align.sft import SFT_PRESETS
     from gptlab.cli.common import model_path
     from gptlab.model.hf import read_pretrained_config
@@ -51,7 +51,7 @@ def resolve_config(args: argparse.Namespace, presets: dict | None = None):
         defaults["seq_len"] = init.block_size
         if "batch_tokens" not in given and "micro_batch" not in given:
             defaults["micro_batch"] = base.batch_tokens // init.block_size
-    unused = {key: "fine-tuning does not use it" for key in IGNORED if key not in ("init_from", "model")}
+    unused = {key: "this command does not use it" for key in ignored if key not in ("init_from", "model")}
     return apply_overrides(base, args.overrides, defaults=defaults, fixed=unused)
 
 
