@@ -13,6 +13,7 @@ own AdamW, with its fused or foreach kernels on CUDA.
 
 Weight decay applies to matrices (dim >= 2): linear weights and, unless
 `decay_embeddings` is off, the embeddings; never to biases or norm weights.
+`kind="muon"` trains the blocks' matrices with Muon instead (gptlab.train.muon).
 Not here: the learning-rate schedule (gptlab.train.schedule).
 """
 
@@ -42,25 +43,28 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            lr, (beta1, beta2), eps, decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
             for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                t = state["step"].item()
-                m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
-                p.mul_(1 - lr * decay)
-                m.lerp_(g, 1 - beta1)
-                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                step_size = lr / (1 - beta1**t)
-                denom = (v.sqrt() / math.sqrt(1 - beta2**t)).add_(eps)
-                p.addcdiv_(m, denom, value=-step_size)
+                if p.grad is not None:
+                    adamw_update(p, self.state[p], group)
         return loss
+
+
+def adamw_update(p: torch.Tensor, state: dict, group: dict) -> None:
+    """One AdamW step of parameter p (its state dict and its group's lr, betas, eps, weight_decay), in place."""
+    lr, (beta1, beta2), eps, decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+    if not state:
+        state["step"] = torch.tensor(0.0)
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    state["step"] += 1
+    t = state["step"].item()
+    m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
+    p.mul_(1 - lr * decay)
+    m.lerp_(g, 1 - beta1)
+    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    step_size = lr / (1 - beta1**t)
+    denom = (v.sqrt() / math.sqrt(1 - beta2**t)).add_(eps)
+    p.addcdiv_(m, denom, value=-step_size)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,10 +75,18 @@ class OptimizerConfig:
     weight_decay: float = 0.1  # decoupled decay of the matrices
     decay_embeddings: bool = True  # decay the embedding tables too
     impl: str = "gptlab"  # gptlab (above) | torch | fused (CUDA) | foreach
+    kind: str = "adamw"  # adamw | muon (Muon for the blocks' matrices, AdamW for the rest: gptlab.train.muon)
+    muon_lr: float = 0.02  # muon: the peak learning rate of the hidden matrices (the schedule scales it alike)
+    muon_momentum: float = 0.95  # muon: the momentum of its (Nesterov) buffer
 
     def __post_init__(self) -> None:
         if self.impl not in IMPLEMENTATIONS:
             raise GptlabError(f"unknown optimizer impl {self.impl!r}; use one of {', '.join(IMPLEMENTATIONS)}")
+        if self.kind not in ("adamw", "muon"):
+            raise GptlabError(f"unknown optimizer kind {self.kind!r}; use adamw or muon")
+        if self.kind == "muon" and (self.impl != "gptlab" or self.muon_lr <= 0 or not 0 <= self.muon_momentum < 1):
+            raise GptlabError(f"muon needs impl gptlab, muon_lr above 0 and muon_momentum in [0, 1); got {self.impl}, "
+                              f"{self.muon_lr}, {self.muon_momentum}")
         if self.lr < 0 or self.eps < 0 or self.weight_decay < 0 or not all(0 <= beta < 1 for beta in self.betas) or len(self.betas) != 2:
             raise GptlabError(f"bad optimizer settings: lr={self.lr} betas={self.betas} eps={self.eps} weight_decay={self.weight_decay}")
 
@@ -92,7 +104,22 @@ def parameter_groups(model: nn.Module, weight_decay: float, decay_embeddings: bo
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def muon_groups(model: nn.Module, config: OptimizerConfig) -> list[dict]:
+    """The blocks' matrices for Muon (their lr muon_lr, as a ratio to the schedule's peak), the rest as for AdamW."""
+    hidden = [p for p in model.transformer["h"].parameters() if p.requires_grad and p.dim() == 2]
+    chosen = {id(p) for p in hidden}
+    rest = parameter_groups(model, config.weight_decay, config.decay_embeddings)
+    for group in rest:
+        group["params"] = [p for p in group["params"] if id(p) not in chosen]
+    ratio = config.muon_lr / config.lr if config.lr else 0.0
+    return [{"params": hidden, "muon": True, "lr_ratio": ratio, "weight_decay": config.weight_decay}, *rest]
+
+
 def build_optimizer(model: nn.Module, config: OptimizerConfig, device_type: str = "cpu") -> torch.optim.Optimizer:
+    if config.kind == "muon":
+        from gptlab.train.muon import MuonAdamW
+
+        return MuonAdamW(muon_groups(model, config), momentum=config.muon_momentum, betas=config.betas, eps=config.eps)
     groups = parameter_groups(model, config.weight_decay, config.decay_embeddings)
     if config.impl == "gptlab":
         return AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps)

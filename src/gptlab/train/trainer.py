@@ -320,7 +320,7 @@ class Trainer:
         step_start = time.perf_counter()
         lr = learning_rate(state.step, config.optimizer.lr, config.max_steps, config.schedule)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_ratio", 1.0)  # Muon's matrices have a peak of their own
         loss_sum = torch.zeros((), device=device)
         batches, weights = self._step_batches()
         for micro, ((x, y, kwargs), weight) in enumerate(zip(batches, weights)):
