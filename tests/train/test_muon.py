@@ -71,3 +71,24 @@ def test_training_with_muon_resumes_exactly(prepared, tmp_path):
     shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "step_000006")
     resumed = Trainer(dataclasses.replace(config, out=str(tmp_path / "resumed")), log=lambda *_: None).fit()
     assert resumed.losses == straight.losses[3:]
+
+
+def test_newton_schulz_in_fp32_is_the_quintic_iteration_computed_directly():
+    torch.manual_seed(1)
+    update = torch.randn(20, 36)
+    x = update.double() / update.double().norm()
+    a, b, c = NS_COEFFICIENTS
+    for _ in range(5):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    torch.testing.assert_close(newton_schulz(update, dtype=torch.float32).double(), x, rtol=1e-4, atol=1e-5)
+    with pytest.raises(GptlabError, match="muon_precision"):
+        OptimizerConfig(kind="muon", muon_precision="fp8")
+
+
+def test_muon_precision_auto_is_bf16_on_cuda_and_fp32_on_cpu():
+    model = GPT(preset("gpt2-tiny", vocab_size=64, block_size=16))
+    config = OptimizerConfig(kind="muon")
+    assert build_optimizer(model, config, "cpu").ns_dtype == torch.float32
+    assert build_optimizer(model, config, "cuda").ns_dtype == torch.bfloat16
+    assert build_optimizer(model, dataclasses.replace(config, muon_precision="bf16"), "cpu").ns_dtype == torch.bfloat16

@@ -9,7 +9,7 @@ For a hidden weight matrix W (attention and MLP projections), gradient G, moment
     W <- W - lr * sqrt(max(1, rows / cols)) * O    Keller's shape scaling
 
 NewtonSchulz runs five steps of X <- a X + (b A + c A^2) X with A = X X^T, from X = U / ||U||
-(in bfloat16, on the wide orientation), the quintic whose coefficients (3.4445, -4.775, 2.0315)
+(on the wide orientation, in bfloat16 or, with muon_precision fp32, float32), the quintic whose coefficients (3.4445, -4.775, 2.0315)
 maximise the slope at zero. This follows `torch.optim.Muon` operation for operation, so the two
 agree update for update (tests check it). Embeddings, the output head, biases and norm gains are
 not hidden matrices: they take AdamW's update (gptlab.train.optim.adamw_update) in the same
@@ -29,10 +29,12 @@ NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 NS_STEPS = 5
 
 
-def newton_schulz(update: torch.Tensor, steps: int = NS_STEPS, coefficients=NS_COEFFICIENTS, eps: float = 1e-7) -> torch.Tensor:
-    """An approximately orthogonal matrix with the singular vectors of `update` (2-D)."""
+def newton_schulz(update: torch.Tensor, steps: int = NS_STEPS, coefficients=NS_COEFFICIENTS, eps: float = 1e-7,
+                  dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """An approximately orthogonal matrix with the singular vectors of `update` (2-D), computed in `dtype`
+    (bfloat16 as torch and modded-nanogpt on GPUs; float32 is the faster on a CPU without bf16 matmuls)."""
     a, b, c = coefficients
-    x = update.bfloat16()
+    x = update.to(dtype)
     tall = update.size(0) > update.size(1)
     if tall:
         x = x.T
@@ -49,9 +51,10 @@ class MuonAdamW(torch.optim.Optimizer):
     weight_decay). Each group's lr is set by the schedule times its `lr_ratio` (gptlab.train.trainer)."""
 
     def __init__(self, groups: list[dict], *, momentum: float = 0.95, nesterov: bool = True, betas=(0.9, 0.95),
-                 eps: float = 1e-8) -> None:
+                 eps: float = 1e-8, ns_dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__(groups, {"lr": 1e-3, "weight_decay": 0.0, "momentum": momentum, "nesterov": nesterov,
                                   "betas": tuple(betas), "eps": eps, "muon": False})
+        self.ns_dtype = ns_dtype
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -76,7 +79,7 @@ class MuonAdamW(torch.optim.Optimizer):
         buffer, grad, momentum = state["momentum_buffer"], p.grad, group["momentum"]
         buffer.lerp_(grad, 1 - momentum)
         direction = grad.lerp(buffer, momentum) if group["nesterov"] else buffer
-        orthogonal = newton_schulz(direction)
+        orthogonal = newton_schulz(direction, dtype=self.ns_dtype)
         rows, cols = p.shape[:2]
         p.mul_(1 - group["lr"] * group["weight_decay"])
         p.add_(orthogonal, alpha=-group["lr"] * math.sqrt(max(1, rows / cols)))

@@ -78,12 +78,15 @@ class OptimizerConfig:
     kind: str = "adamw"  # adamw | muon (Muon for the blocks' matrices, AdamW for the rest: gptlab.train.muon)
     muon_lr: float = 0.02  # muon: the peak learning rate of the hidden matrices (the schedule scales it alike)
     muon_momentum: float = 0.95  # muon: the momentum of its (Nesterov) buffer
+    muon_precision: str = "auto"  # muon: Newton-Schulz in bf16 (as torch.optim.Muon) | fp32 | auto (bf16 on CUDA, fp32 on CPU: 4x faster here)
 
     def __post_init__(self) -> None:
         if self.impl not in IMPLEMENTATIONS:
             raise GptlabError(f"unknown optimizer impl {self.impl!r}; use one of {', '.join(IMPLEMENTATIONS)}")
         if self.kind not in ("adamw", "muon"):
             raise GptlabError(f"unknown optimizer kind {self.kind!r}; use adamw or muon")
+        if self.muon_precision not in ("auto", "bf16", "fp32"):
+            raise GptlabError(f"muon_precision must be auto, bf16 or fp32, got {self.muon_precision!r}")
         if self.kind == "muon" and (self.impl != "gptlab" or self.muon_lr <= 0 or not 0 <= self.muon_momentum < 1):
             raise GptlabError(f"muon needs impl gptlab, muon_lr above 0 and muon_momentum in [0, 1); got {self.impl}, "
                               f"{self.muon_lr}, {self.muon_momentum}")
@@ -119,7 +122,10 @@ def build_optimizer(model: nn.Module, config: OptimizerConfig, device_type: str 
     if config.kind == "muon":
         from gptlab.train.muon import MuonAdamW
 
-        return MuonAdamW(muon_groups(model, config), momentum=config.muon_momentum, betas=config.betas, eps=config.eps)
+        bf16 = config.muon_precision == "bf16" or (config.muon_precision == "auto" and device_type == "cuda")
+        dtype = torch.bfloat16 if bf16 else torch.float32
+        return MuonAdamW(muon_groups(model, config), momentum=config.muon_momentum, betas=config.betas, eps=config.eps,
+                         ns_dtype=dtype)
     groups = parameter_groups(model, config.weight_decay, config.decay_embeddings)
     if config.impl == "gptlab":
         return AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps)
