@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from gptlab.train.optim import adamw_update
+from gptlab.train.optim import AdamW, adamw_update
 
 NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 NS_STEPS = 5
@@ -46,31 +46,21 @@ def newton_schulz(update: torch.Tensor, steps: int = NS_STEPS, coefficients=NS_C
     return x.T if tall else x
 
 
-class MuonAdamW(torch.optim.Optimizer):
+class MuonAdamW(AdamW):
     """Groups with `muon=True` take Muon's update (lr, momentum, weight_decay); the others AdamW's (lr, betas, eps,
     weight_decay). Each group's lr is set by the schedule times its `lr_ratio` (gptlab.train.trainer)."""
 
     def __init__(self, groups: list[dict], *, momentum: float = 0.95, nesterov: bool = True, betas=(0.9, 0.95),
                  eps: float = 1e-8, ns_dtype: torch.dtype = torch.bfloat16) -> None:
-        super().__init__(groups, {"lr": 1e-3, "weight_decay": 0.0, "momentum": momentum, "nesterov": nesterov,
-                                  "betas": tuple(betas), "eps": eps, "muon": False})
+        torch.optim.Optimizer.__init__(self, groups, {"lr": 1e-3, "weight_decay": 0.0, "momentum": momentum,
+                                                      "nesterov": nesterov, "betas": tuple(betas), "eps": eps, "muon": False})
         self.ns_dtype = ns_dtype
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if group["muon"]:
-                    self._muon(p, group)
-                else:
-                    adamw_update(p, self.state[p], group)
-        return loss
+    def _update(self, p: torch.Tensor, group: dict) -> None:
+        if group["muon"]:
+            self._muon(p, group)
+        else:
+            adamw_update(p, self.state[p], group)
 
     def _muon(self, p: torch.Tensor, group: dict) -> None:
         state = self.state[p]

@@ -45,8 +45,12 @@ class AdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    adamw_update(p, self.state[p], group)
+                    self._update(p, group)
         return loss
+
+    def _update(self, p: torch.Tensor, group: dict) -> None:
+        """One parameter's step (MuonAdamW gives the hidden matrices another)."""
+        adamw_update(p, self.state[p], group)
 
 
 def adamw_update(p: torch.Tensor, state: dict, group: dict) -> None:
