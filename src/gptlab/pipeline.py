@@ -30,7 +30,7 @@ from gptlab.infer.generate import SamplingConfig, generate
 from gptlab.model import ModelConfig
 from gptlab.model.io import load_model
 from gptlab.runtime import GptlabError, atomic_write_text
-from gptlab.runtime.config import config_to_json
+from gptlab.runtime.config import config_to_json, field_defaults
 from gptlab.runtime.device import init_runtime
 from gptlab.runtime.rundir import RunFolder, claim_run_folder
 from gptlab.tokenizer import Tokenizer
@@ -112,7 +112,7 @@ class RunResult:
 def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: bool = False, force: bool = False) -> RunResult:
     out = Path(config.out)
     folder = claim_run_folder(out, command="run", config=dataclasses.asdict(config), ours=RUN_FILES, free=FREE_FIELDS,
-                              force=force, legacy=_made_by_an_earlier_gptlab)
+                              force=force, legacy=_made_by_an_earlier_gptlab, defaults=field_defaults(RunConfig))
     if folder.status == "resume":
         log(f"resuming the run in {out} (same settings): finished stages are reused")
     trainer = None

@@ -60,7 +60,7 @@ def test_muon_takes_the_blocks_matrices_and_the_schedule_scales_its_own_peak(pre
     result = trainer.fit()
     groups = trainer.optimizer.param_groups
     assert result.status == "finished" and groups[0]["lr"] == pytest.approx(10 * groups[1]["lr"])
-    with pytest.raises(GptlabError, match="muon needs impl gptlab"):
+    with pytest.raises(GptlabError, match="muon needs impl auto or gptlab"):
         OptimizerConfig(kind="muon", impl="torch")
 
 

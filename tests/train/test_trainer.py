@@ -310,3 +310,54 @@ def test_masked_loss_on_two_gloo_ranks_equals_one_process(prepared, tmp_path, mo
     wa, wb = final_weights(tmp_path / "single"), final_weights(tmp_path / "ddp")
     for name in wa:
         torch.testing.assert_close(wb[name], wa[name], rtol=1e-4, atol=1e-5)
+
+
+class FakeClock:
+    """time.perf_counter for the trainer: each call advances `tick` seconds, so a time budget is deterministic."""
+
+    def __init__(self, tick: float) -> None:
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def test_a_time_limited_run_follows_its_budget_and_ends_annealed(prepared, tmp_path, monkeypatch):
+    """The learning rate falls with time spent, not with max_steps; the last steps are at min_lr; a resume
+    counts the time already spent (the budget is the run's, not the process's)."""
+    import gptlab.train.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module.time, "perf_counter", FakeClock(0.01))
+    config = tiny_config(prepared, tmp_path / "run", max_steps=100_000, time_limit=2.0, eval_every=0, checkpoint_every=0)
+    result = Trainer(config, log=lambda *_: None).fit()
+    assert result.status == "time limit" and 10 < result.steps < 1000
+    lrs = [record["lr"] for record in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if "lr" in record]
+    peak, floor = config.optimizer.lr, config.optimizer.lr * config.schedule.min_lr_ratio
+    assert max(lrs) == pytest.approx(peak, rel=0.05) and all(a >= b for a, b in zip(lrs[2:], lrs[3:]))
+    assert lrs[-1] == pytest.approx(floor, rel=0.05)  # a step-based cosine would still be at the peak here
+    lines = []
+    again = Trainer(config, log=lines.append).fit()
+    assert again.status == "already finished" and again.steps == result.steps
+    assert "spent its time limit of 2 s" in lines[-1]
+    longer = Trainer(dataclasses.replace(config, time_limit=4.0), log=lambda *_: None).fit()
+    assert longer.status == "time limit" and longer.steps > result.steps
+
+
+def test_a_run_saved_before_a_field_existed_resumes_when_the_field_is_at_its_default(prepared, tmp_path):
+    """Upgrading gptlab adds config fields; an old run's record lacks them, which is no change at their defaults."""
+    out = tmp_path / "run"
+    config = tiny_config(prepared, out, max_steps=6, time_limit=0)
+    assert Trainer(dataclasses.replace(config, max_steps=6), log=lambda *_: None, force=True).fit().steps == 6
+    marker = out / "gptlab_run.json"
+
+    def as_if_older():
+        record = json.loads(marker.read_text())
+        del record["config"]["optimizer"]["muon_momentum"], record["config"]["seed"]  # as written by an older gptlab
+        marker.write_text(json.dumps(record))
+
+    as_if_older()
+    assert Trainer(config, log=lambda *_: None).fit().status == "already finished"
+    as_if_older()
+    with pytest.raises(GptlabError, match=r"other settings \(seed none -> 7\)"):
+        Trainer(dataclasses.replace(config, seed=7), log=lambda *_: None).fit()

@@ -228,13 +228,38 @@ def config_to_json(config: Any) -> str:
     return json.dumps(dataclasses.asdict(config), indent=2) + "\n"
 
 
-def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """["train.max_steps 600 -> 5", ...]: how two config snapshots (as dicts) differ, key by key."""
-    changes = []
+def config_changes(old: dict, new: dict, prefix: str = "", defaults: dict | None = None) -> list[str]:
+    """["train.max_steps 600 -> 5", ...]: how two config snapshots (as dicts) differ, key by key.
+
+    A key the old snapshot lacks is a field added to gptlab since it was saved: the old run ran with that
+    field's default (see `field_defaults`), so the new snapshot at the default is no change.
+    """
+    changes, defaults = [], defaults or {}
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key), new.get(key)
+        if key not in old and key in defaults and _same(b, defaults[key]):
+            continue
         if isinstance(a, dict) and isinstance(b, dict):
-            changes += config_changes(a, b, f"{prefix}{key}.")
+            nested = defaults.get(key) if isinstance(defaults.get(key), dict) else None
+            changes += config_changes(a, b, f"{prefix}{key}.", nested)
         elif a != b and not (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and list(a) == list(b)):
             changes.append(f"{prefix}{key} {_show(a)} -> {_show(b)}")
     return changes
+
+
+def _same(a, b) -> bool:
+    return a == b or (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and list(a) == list(b))
+
+
+def field_defaults(cls: type) -> dict:
+    """Each field's default, nested configs as dicts (what `config_changes` assumes for a field an old run lacks)."""
+    defaults = {}
+    for item in dataclasses.fields(cls):
+        if item.default is not dataclasses.MISSING:
+            value = item.default
+        elif item.default_factory is not dataclasses.MISSING:
+            value = item.default_factory()
+        else:
+            continue
+        defaults[item.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    return defaults

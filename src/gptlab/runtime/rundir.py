@@ -109,11 +109,13 @@ def read_marker(path: Path) -> dict | None:
 
 def claim_run_folder(path: str | os.PathLike, *, command: str, config: dict, ours: Sequence[str],
                      free: Iterable[str] = (), force: bool = False, fresh: bool = False,
-                     out_flag: str = "--out", legacy: Callable[[Path], bool] | None = None) -> RunFolder:
+                     out_flag: str = "--out", legacy: Callable[[Path], bool] | None = None,
+                     defaults: dict | None = None) -> RunFolder:
     """Start or resume the run in `path`, or refuse (see the module docstring). `fresh`: never resume.
 
     `legacy(path)` recognises a run made before run records existed (all its entries are `ours`):
-    it cannot be resumed safely, so it is refused unless `force` clears it.
+    it cannot be resumed safely, so it is refused unless `force` clears it. `defaults` (field_defaults of the
+    config's class): a field added since the run was saved, left at its default, is no change.
     """
     path = Path(path)
     if path.exists() and not path.is_dir():
@@ -138,7 +140,7 @@ def claim_run_folder(path: str | os.PathLike, *, command: str, config: dict, our
             raise GptlabError(f"{out_flag} {path} holds a `gptlab {record.get('command')}` run, not a `gptlab {command}` one; "
                               f"pass another {out_flag}, or --force to start over (clears that run's files)")
         else:
-            changes = config_changes(_without(record.get("config", {}), free), _without(config, free))
+            changes = config_changes(_without(record.get("config", {}), free), _without(config, free), defaults=defaults)
             if changes or (fresh and held):
                 why = (f"a run with other settings ({', '.join(changes[:4])}{', ...' if len(changes) > 4 else ''})" if changes
                        else f"a run ({describe_entries(held)}) that --no-resume would start over")

@@ -44,7 +44,7 @@ class TrainConfig:
     keep_last: int = 2  # step checkpoints kept (the best by val loss is kept too)
     log_every: int = 10  # steps between metric lines
     mfu_peak: str = "auto"  # peak FLOP/s for MFU: auto (the GPU's datasheet), a100 | h100 | h200 | cpu, or a number
-    time_limit: float = 0.0  # seconds of training after which to stop (0: none); for equal-time comparisons
+    time_limit: float = 0.0  # seconds of training, all resumes together, after which to stop (0: none); the schedule follows the share spent
     tensorboard: bool = False  # also log to TensorBoard (OUT/tensorboard)
     wandb: str = ""  # a project name turns Weights & Biases on
 

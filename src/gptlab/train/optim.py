@@ -8,8 +8,11 @@ For each parameter, step t, gradient g, learning rate lr, decay wd:
     p <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 
 in the same order of operations as `torch.optim.AdamW`, so the two agree
-update for update (tests check it). `build_optimizer` can also return torch's
-own AdamW, with its fused or foreach kernels on CUDA.
+update for update (tests check it). It is the reference; training runs
+torch's fused AdamW kernel by default (`impl="auto"`, on CPU and CUDA), which
+a test proves equal to it within float rounding: one kernel over every
+tensor, 6x faster than a Python loop for a 30M-parameter model on 2 CPU cores
+(bench/train_throughput.py).
 
 Weight decay applies to matrices (dim >= 2): linear weights and, unless
 `decay_embeddings` is off, the embeddings; never to biases or norm weights.
@@ -27,7 +30,8 @@ import torch.nn as nn
 
 from gptlab.runtime import GptlabError
 
-IMPLEMENTATIONS = ("gptlab", "torch", "fused", "foreach")
+FUSED_DEVICES = ("cpu", "cuda")  # where torch.optim.AdamW(fused=True) has a kernel
+IMPLEMENTATIONS = ("auto", "gptlab", "torch", "fused", "foreach")
 
 
 class AdamW(torch.optim.Optimizer):
@@ -78,7 +82,7 @@ class OptimizerConfig:
     eps: float = 1e-8  # added to the denominator
     weight_decay: float = 0.1  # decoupled decay of the matrices
     decay_embeddings: bool = True  # decay the embedding tables too
-    impl: str = "gptlab"  # gptlab (above) | torch | fused (CUDA) | foreach
+    impl: str = "auto"  # auto (fused where torch has it: CPU, CUDA; else foreach) | gptlab (the readable reference) | torch | fused | foreach
     kind: str = "adamw"  # adamw | muon (Muon for the blocks' matrices, AdamW for the rest: gptlab.train.muon)
     muon_lr: float = 0.02  # muon: the peak learning rate of the hidden matrices (the schedule scales it alike)
     muon_momentum: float = 0.95  # muon: the momentum of its (Nesterov) buffer
@@ -91,8 +95,8 @@ class OptimizerConfig:
             raise GptlabError(f"unknown optimizer kind {self.kind!r}; use adamw or muon")
         if self.muon_precision not in ("auto", "bf16", "fp32"):
             raise GptlabError(f"muon_precision must be auto, bf16 or fp32, got {self.muon_precision!r}")
-        if self.kind == "muon" and (self.impl != "gptlab" or self.muon_lr <= 0 or not 0 <= self.muon_momentum < 1):
-            raise GptlabError(f"muon needs impl gptlab, muon_lr above 0 and muon_momentum in [0, 1); got {self.impl}, "
+        if self.kind == "muon" and (self.impl not in ("auto", "gptlab") or self.muon_lr <= 0 or not 0 <= self.muon_momentum < 1):
+            raise GptlabError(f"muon needs impl auto or gptlab, muon_lr above 0 and muon_momentum in [0, 1); got {self.impl}, "
                               f"{self.muon_lr}, {self.muon_momentum}")
         if self.lr < 0 or self.eps < 0 or self.weight_decay < 0 or not all(0 <= beta < 1 for beta in self.betas) or len(self.betas) != 2:
             raise GptlabError(f"bad optimizer settings: lr={self.lr} betas={self.betas} eps={self.eps} weight_decay={self.weight_decay}")
@@ -133,7 +137,9 @@ def build_optimizer(model: nn.Module, config: OptimizerConfig, device_type: str 
     groups = parameter_groups(model, config.weight_decay, config.decay_embeddings)
     if config.impl == "gptlab":
         return AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps)
-    if config.impl == "fused" and device_type != "cuda":
-        raise GptlabError("optimizer impl 'fused' needs CUDA; use gptlab, torch or foreach on this device")
-    extra = {"fused": True} if config.impl == "fused" else {"foreach": True} if config.impl == "foreach" else {}
+    fusable = device_type in FUSED_DEVICES
+    if config.impl == "fused" and not fusable:
+        raise GptlabError(f"optimizer impl 'fused' needs one of {', '.join(FUSED_DEVICES)}; use auto, gptlab or foreach on {device_type}")
+    impl = ("fused" if fusable else "foreach") if config.impl == "auto" else config.impl
+    extra = {"fused": True} if impl == "fused" else {"foreach": True} if impl == "foreach" else {}
     return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps, **extra)

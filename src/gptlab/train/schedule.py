@@ -8,6 +8,12 @@
 Warmup is linear and its first step already trains, as in nanoGPT and build-nanogpt: step s < warmup_steps
 (0-based) gets max_lr * (s + 1) / warmup_steps, so with 4 warmup steps the rates are 0.25, 0.5, 0.75, 1.0
 times max_lr; the rate is never 0.
+
+Time budgets: a run with a time limit does not know how many steps it will get. `time_fraction`, the
+share of the budget spent, turns into the step it corresponds to (fraction x total_steps), and the
+schedule follows whichever of the step and the time is further along. Any budget then ends annealed:
+the last step of a time-limited run is at min_lr, as it would be at total_steps (modded-nanogpt and
+nanochat decay by progress through the run, not by a step count fixed in advance).
 """
 
 from __future__ import annotations
@@ -34,11 +40,12 @@ class ScheduleConfig:
             raise GptlabError(f"bad schedule: {self}")
 
 
-def learning_rate(step: int, max_lr: float, total_steps: int, config: ScheduleConfig) -> float:
-    """The learning rate for 0-based `step`."""
+def learning_rate(step: int, max_lr: float, total_steps: int, config: ScheduleConfig, time_fraction: float = 0.0) -> float:
+    """The learning rate for 0-based `step`, `time_fraction` of a time budget spent (0: none)."""
     min_lr = max_lr * config.min_lr_ratio
     if step < config.warmup_steps:
         return max_lr * (step + 1) / config.warmup_steps
+    step = max(step, time_fraction * total_steps)  # time turned into the step it corresponds to
     if config.kind == "constant":
         return max_lr
     if config.kind == "cosine":

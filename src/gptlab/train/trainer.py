@@ -51,6 +51,7 @@ from gptlab.model import GPT
 from gptlab.model.accounting import PEAK_FLOPS, flops_per_token, peak_flops
 from gptlab.model.hf import load_pretrained_directory, pretrained_path, read_pretrained_config
 from gptlab.runtime import GptlabError, atomic_write_text
+from gptlab.runtime.config import field_defaults
 from gptlab.runtime.device import Runtime, autocast, init_runtime, resolve_precision, rng_state, seed_everything
 from gptlab.runtime.rundir import claim_run_folder
 from gptlab.train.checkpoint import (
@@ -190,7 +191,8 @@ class Trainer:
                 self.print(f"no --out given: training into {out} (pass --out {out} to resume this run)")
             folder = claim_run_folder(out, command=self.command, config=dataclasses.asdict(dataclasses.replace(config, out=str(out))),
                                       ours=self.run_files, free=FREE_FIELDS, force=self.force, fresh=not self.resume,
-                                      legacy=lambda path: (path / "train_config.json").is_file())
+                                      legacy=lambda path: (path / "train_config.json").is_file(),
+                                      defaults=field_defaults(type(config)))
             self.folder = folder
             resume_from = resume_point(out, self.print) if folder.status == "resume" else None
             atomic_write_text(out / "train_config.json", json.dumps(dataclasses.asdict(dataclasses.replace(config, out=str(out))), indent=1) + "\n")
@@ -286,8 +288,11 @@ class Trainer:
         if self.before_fn is not None:  # after the folder is claimed: a refused --out costs no compute
             self.before = self.before_fn()
         self.start_time = time.perf_counter()
-        if self.state.finished and self.state.step >= self.config.max_steps:
-            self.print(f"{self.config.out} already finished its {self.state.step} steps; nothing to train")
+        self.spent = self.state.elapsed_before / self.config.time_limit if self.config.time_limit else 0.0
+        if self.state.finished and self.state.step >= self.config.max_steps or self.spent >= 1:
+            budget = f"spent its time limit of {self.config.time_limit:g} s (pass a larger --time-limit to go on)"
+            self.print(f"{self.config.out} already {budget if self.spent >= 1 else f'finished its {self.state.step} steps'}; "
+                       "nothing to train")
             self.metrics.close()
             return self._result("already finished", resume_from)
         self._announce()
@@ -318,7 +323,7 @@ class Trainer:
         """One optimizer step (accum micro-steps), then the step's metrics."""
         config, state, device = self.config, self.state, self.runtime.device
         step_start = time.perf_counter()
-        lr = learning_rate(state.step, config.optimizer.lr, config.max_steps, config.schedule)
+        lr = learning_rate(state.step, config.optimizer.lr, config.max_steps, config.schedule, self.spent)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_ratio", 1.0)  # Muon's matrices have a peak of their own
         loss_sum = torch.zeros((), device=device)
@@ -396,6 +401,8 @@ class Trainer:
         self.metrics.log(record)
         done = len(state.losses)
         eta = elapsed / done * (config.max_steps - state.step) if done else None
+        if config.time_limit and eta is not None:
+            eta = min(eta, max(0.0, config.time_limit * (1 - self.spent)))
         self.print(console_line(record, config.max_steps, eta))
 
     def _periodic(self, out_of_time: bool) -> None:
@@ -412,20 +419,28 @@ class Trainer:
             self._save(self.state.val["loss"] if self.state.val else None)
 
     def _out_of_time(self) -> bool:
-        """Past --time-limit? Under DDP the ranks agree (any rank over the limit stops all), so none waits forever."""
+        """Past --time-limit? (The share spent also sets the next step's learning rate.)"""
+        self.spent = self._spent()
+        return self.spent >= 1
+
+    def _spent(self) -> float:
+        """The share of --time-limit spent by this run, earlier processes included (0 without a limit).
+
+        Under DDP the ranks agree on the largest, so they use one learning rate and stop together.
+        """
         if not self.config.time_limit:
-            return False
-        over = time.perf_counter() - self.start_time >= self.config.time_limit
+            return 0.0
+        spent = (self.state.elapsed_before + time.perf_counter() - self.start_time) / self.config.time_limit
         if self.runtime.distributed:
-            flag = torch.tensor([float(over)], device=self.runtime.device)
+            flag = torch.tensor([spent], dtype=torch.float64, device=self.runtime.device)
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            over = bool(flag.item())
-        return over
+            spent = float(flag.item())
+        return spent
 
     def _finish(self, status: str) -> TrainResult:
         """The last evaluation, checkpoint and sample, and the loss plot."""
         self._evaluate()
-        self.state.finished = self.state.step >= self.config.max_steps
+        self.state.finished = self.state.step >= self.config.max_steps or self.spent >= 1  # either way, annealed
         checkpoint = self._save(self.state.val["loss"] if self.state.val else None)
         self._sample()
         if self.runtime.is_main:
