@@ -131,3 +131,31 @@ def test_train_command_defaults_to_the_tokenizer_saved_with_the_data(prepared, t
     assert (checkpoint / "tokenizer" / "tokenizer.json").read_bytes() == (prepared / "data" / "tokenizer.json").read_bytes()
     capsys.readouterr()
     assert main(["sample", "--checkpoint", str(tmp_path / "run"), "--prompt", "A", "--max-new-tokens", "3", "--seed", "0"]) == 0
+
+
+def test_depth_is_one_dial_for_shape_lr_batch_and_steps(prepared):
+    """--depth 3: 3 layers of 192 in heads of 64; lr by sqrt of the widths; batch from DeepSeek's fit at a
+    Chinchilla run's compute; steps for 20 tokens per parameter. Explicit flags still win."""
+    import math
+
+    from gptlab.cli.train import resolve_config
+    from gptlab.model import GPT
+    from gptlab.train import train_preset
+
+    data = ["--data", str(prepared / "data")]
+    config = resolve_config("shakespeare-cpu", data, depth=3)
+    base = train_preset("shakespeare-cpu")
+    assert (config.model.n_layer, config.model.n_embd, config.model.n_head, config.model.head_dim) == (3, 192, 3, 64)
+    assert config.optimizer.lr == base.optimizer.lr * math.sqrt(base.model.n_embd / 192)
+    params = sum(p.numel() for p in GPT(config.model).parameters())  # brute force: the built model
+    fit = 0.292 * (6 * params * 20 * params) ** 0.3271
+    assert config.batch_tokens == 2 ** int(math.log2(fit)) and config.batch_tokens % (config.micro_batch * config.seq_len) == 0
+    assert config.max_steps == math.ceil(20 * params / config.batch_tokens)
+    wider = resolve_config("shakespeare-cpu", [*data, "--model.n-head", "4", "--max-steps", "7"], depth=3)
+    assert (wider.model.n_head, wider.max_steps, wider.model.n_embd) == (4, 7, 192)
+
+
+def test_depth_refuses_bad_values(prepared, capsys):
+    assert main(tiny(prepared, prepared / "never", "--depth", "-1")) == 1
+    assert "--depth must be at least 1, got -1" in capsys.readouterr().err
+    assert not (prepared / "never").exists()

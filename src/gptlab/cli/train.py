@@ -30,22 +30,28 @@ def register(stages) -> None:
         + describe_fields(train_preset(DEFAULT_PRESET)),
     )
     parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"{DEFAULT_PRESET} (default) or gpt2-124m-fineweb")
+    parser.add_argument("--depth", type=int, default=0,
+                        help="one dial: n_layer, width (64 x depth), heads, lr, batch and steps from the depth "
+                        "(gptlab.train.config.at_depth); explicit --model.* etc. still win")
     parser.add_argument("--no-resume", action="store_true", help="start from step 0; refused if --out holds a run (see --force)")
     parser.add_argument("--force", action="store_true", help="start over: first clear the run in --out (its own files only)")
     parser.set_defaults(handler=run, accepts_overrides=True)
 
 
-def resolve_config(preset: str, overrides: list[str]):
-    """The preset with the overrides, the model's vocabulary taken from the data (or the model from --init-from)."""
+def resolve_config(preset: str, overrides: list[str], depth: int = 0):
+    """The preset (sized by --depth) with the overrides, the model's vocabulary taken from the data (or the model from --init-from)."""
     from gptlab.cli.common import model_path
     from gptlab.data.shards import read_manifest
     from gptlab.model.hf import read_pretrained_config
     from gptlab.runtime import GptlabError
     from gptlab.runtime.config import apply_overrides, parse_overrides
     from gptlab.train import train_preset
+    from gptlab.train.config import at_depth
 
     base = train_preset(preset)
     given = dict(parse_overrides(overrides))
+    if depth and given.get("init_from"):
+        raise GptlabError(f"--init-from {given['init_from']} sets the model; drop --depth {depth}")
     defaults = {}
     if given.get("init_from"):
         init = read_pretrained_config(model_path(given["init_from"]))
@@ -57,7 +63,8 @@ def resolve_config(preset: str, overrides: list[str]):
         defaults = {"model.vocab_size": int(read_manifest(given["data"])["tokenizer"]["vocab_size"])}
     if given.get("data") and "tokenizer" not in given and (Path(given["data"]) / "tokenizer.json").is_file():
         defaults["tokenizer"] = given["data"]  # the tokenizer `data prepare` saved with the shards
-    return apply_overrides(base, overrides, defaults=defaults)
+    config = apply_overrides(base, overrides, defaults=defaults)
+    return apply_overrides(at_depth(config, depth), overrides) if depth else config  # explicit flags still win
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from gptlab.runtime.device import init_runtime, shutdown_runtime
     from gptlab.train import Trainer
 
-    config = resolve_config(args.preset, args.overrides)
+    config = resolve_config(args.preset, args.overrides, args.depth)
     runtime = init_runtime(config.device)
     try:
         trainer = Trainer(

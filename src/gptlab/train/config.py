@@ -6,9 +6,11 @@ Every field can be overridden from the command line (`--model.n_layer 6`,
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from gptlab.model import ModelConfig, preset
+from gptlab.model.accounting import param_counts
 from gptlab.runtime import GptlabError
 from gptlab.train.optim import OptimizerConfig
 from gptlab.train.schedule import ScheduleConfig
@@ -111,6 +113,32 @@ def gpt2_124m_fineweb() -> TrainConfig:
         keep_last=3,
         log_every=1,
     )
+
+
+def at_depth(config: TrainConfig, depth: int) -> TrainConfig:
+    """One dial, as nanochat's --depth: the model's size from its depth, and the rest of the run from the size.
+
+    The rule (the scaling-laws work refines it from fits):
+    - shape: n_layer = depth, n_embd = 64 x depth (nanochat's aspect ratio), heads of 64 dimensions;
+    - AdamW's peak lr: the config's, times sqrt(its width / the new width) (wider layers take smaller
+      steps, as nanochat scales its AdamW rates); Muon's lr stays, its update being scale-free;
+    - batch: DeepSeek LLM's fit B = 0.292 C^0.3271 tokens (Bi et al., 2024) at the compute C = 6 N D of
+      a Chinchilla run, rounded down to a power of two, at least one micro-batch;
+    - steps: Chinchilla's D = 20 N tokens (Hoffmann et al., 2022), N the parameters, over the batch.
+    A time limit still ends the run early, annealed (the schedule follows the budget).
+    """
+    if depth < 1:
+        raise GptlabError(f"--depth must be at least 1, got {depth}")
+    width = 64 * depth
+    model = replace(config.model, n_layer=depth, n_embd=width, n_head=depth, n_kv_head=None, mlp_hidden=None)
+    params = param_counts(model)["total"]
+    tokens = 20 * params
+    batch = 0.292 * (6 * params * tokens) ** 0.3271
+    per_pass = config.micro_batch * config.seq_len
+    batch_tokens = max(per_pass, 2 ** math.floor(math.log2(batch)) // per_pass * per_pass)
+    lr = config.optimizer.lr * math.sqrt(config.model.n_embd / width)
+    return replace(config, model=model, optimizer=replace(config.optimizer, lr=lr), batch_tokens=batch_tokens,
+                   max_steps=max(1, math.ceil(tokens / batch_tokens)))
 
 
 PRESETS = {"shakespeare-cpu": shakespeare_cpu, "gpt2-124m-fineweb": gpt2_124m_fineweb}
