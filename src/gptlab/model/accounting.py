@@ -152,7 +152,7 @@ def activation_bytes_per_layer(
     parameters' dtype: fp32 under autocast), dropout masks at 1 byte, adapted to the config:
 
         norms      2 inputs (LayerNorm); RMSNorm also keeps its fp32 input   2 TBd r, or 2 TBd (4 + r)
-        attention  c_attn input, q k v, c_proj input    5 TBd p   (GQA's k, v are repeated to a heads first)
+        attention  c_attn input, q k v, c_proj input    5 TBd p   without rotary or GQA (see _attention_widths)
                    softmax out (+ mask + dropout out)   a T^2 B (p (+ 1 + p))   only without flash attention
         MLP        c_fc input, c_fc out, activation out TB (d + F + F) p; SwiGLU: TB (d + 2F + 2F) p
                    (relu2: relu keeps its output, which square reuses, and square's output: also d + F + F)
@@ -161,7 +161,7 @@ def activation_bytes_per_layer(
     For GPT-2 in bf16 (r = p = 2) with dropout and math attention this is exactly their 34 + 5aT/d.
     Flash attention keeps no T x T tensor (it recomputes the scores, dropout included), which
     removes the 5aT/d term. Left out: rotary tables, flash's logsumexp and the norms' statistics (a
-    few floats per token). On CPU, dropout masks are as wide as the activations, SDPA with dropout
+    few floats per token), and QK-norm's copies of q and k. On CPU, dropout masks are as wide as the activations, SDPA with dropout
     falls back to the math kernel, and the reference attention (`set_attention("math")`) keeps its
     softmax in fp32, so those cases keep more than counted here.
     """
@@ -169,7 +169,7 @@ def activation_bytes_per_layer(
     d, F = config.n_embd, config.hidden_dim
     tokens = batch_size * seq_len
     norms = 2 * tokens * d * (r if config.norm_kind == "layer" else 4 + r)
-    attention = 5 * tokens * d * p
+    attention = tokens * (2 * d + _attention_widths(config)) * p
     if not flash_attention:
         scores = config.n_head * seq_len * seq_len * batch_size
         attention += scores * p + (scores * (1 + p) if config.dropout > 0 else 0)
@@ -177,6 +177,20 @@ def activation_bytes_per_layer(
     mlp = tokens * (d + 2 * widths) * p
     masks = 2 * tokens * d if config.dropout > 0 else 0
     return norms + attention + mlp + masks
+
+
+def _attention_widths(config: ModelConfig) -> int:
+    """Per token, what attention keeps between c_attn and c_proj: the q, k, v that SDPA saves (a h_d = d wide each),
+    plus the fused qkv output (a + 2k) h_d while one of them is still a view of it.
+
+    Rotation makes new q and k (the tables multiply them, so the inputs need not be kept); GQA repeats k and v
+    into new tensors. Plain: 3d (all views). Rotary: rotated q, k + qkv = 5d. GQA: repeated k, v + qkv
+    = 3d + 2 k h_d. Rotary and GQA: rotated q, repeated k, v = 3d, and qkv is not kept at all.
+    """
+    d, qkv = config.n_embd, (config.n_head + 2 * config.kv_heads) * config.head_dim
+    rotary, grouped = config.position_kind == "rotary", config.kv_heads != config.n_head
+    new = (d if rotary else 0) + (2 * d if grouped else d if rotary else 0)  # q rotated; k, v repeated (or k rotated)
+    return new + (qkv if new < 3 * d else 0)
 
 
 def training_memory(
