@@ -305,8 +305,8 @@ class GPT(nn.Module):
         return x, rotary
 
     def _layer_masks(self, mask: torch.Tensor | None, T: int, S: int, device) -> list[torch.Tensor | None]:
-        """Each layer's attention mask: `mask` (None: plain causal) for L layers, and for S layers the same
-        cut to the last attn_window keys, built once. Windows as long as the S keys change nothing and are skipped."""
+        """Each layer's attention mask: `mask` (None: plain causal) for full layers; for sliding-window layers
+        the same cut to the last attn_window keys, built once. A window covering all S keys is no cut: skipped."""
         window = self.config.attn_window
         short = [0 < layer_window < S for layer_window in self.config.layer_windows]
         if not any(short):
