@@ -14,9 +14,9 @@ from gptlab.runtime import GptlabError
 GREEDY = SamplingConfig(max_new_tokens=24, temperature=0)
 
 
-def tiny_model(name: str = "gpt2-tiny") -> GPT:
+def tiny_model(name: str = "gpt2-tiny", **overrides) -> GPT:
     torch.manual_seed(0)
-    return GPT(preset(name, vocab_size=512, block_size=128)).eval()
+    return GPT(preset(name, vocab_size=512, block_size=128, **overrides)).eval()
 
 
 def random_prompts(lengths: list[int], seed: int = 1) -> list[list[int]]:
@@ -54,6 +54,19 @@ def test_engine_greedy_requests_joining_mid_batch_equal_generate_alone(name):
         assert hook.all_submitted.wait(60)
         outputs = [list(request) for request in [first, *hook.requests]]
         assert engine.stats.peak_running == 3  # the batch really was shared
+    assert outputs == [alone(model, prompt, GREEDY) for prompt in prompts]
+
+
+def test_engine_sliding_window_rows_of_different_lengths_equal_generate_alone():
+    """Each row's window counts back from its own length: window 6 is shorter than most prompts here."""
+    model = tiny_model("llama-tiny", n_layer=3, attn_window=6, window_pattern="S")
+    prompts = random_prompts([7, 30, 1, 12])
+    hook = Staggered(prompts[1:], [GREEDY] * 3, at=[2, 5, 9])
+    with Engine(model, EngineConfig(slots=3), on_step=hook) as engine:
+        first = engine.submit(prompts[0], GREEDY)
+        assert hook.all_submitted.wait(60)
+        outputs = [list(request) for request in [first, *hook.requests]]
+        assert engine.stats.peak_running == 3
     assert outputs == [alone(model, prompt, GREEDY) for prompt in prompts]
 
 

@@ -74,6 +74,34 @@ def test_generate_prefill_and_decode_logits_equal_full_forward(name, monkeypatch
         torch.testing.assert_close(cached, full, atol=1e-5, rtol=0)
 
 
+WINDOWED = {  # sliding windows shorter than most prompts: S layers must drop the oldest cached keys
+    "gpt2-window-3": dict(n_layer=3, attn_window=3, window_pattern="SL"),
+    "llama-window-5-sssl": dict(n_layer=5, attn_window=5, window_pattern="SSSL"),
+}
+
+
+@pytest.mark.parametrize("name", WINDOWED)
+def test_generate_sliding_window_left_padded_batch_equals_recomputation(name, monkeypatch):
+    """Tokens and the logits each step samples from: padded batch through the KV cache vs each row rerun alone."""
+    model = tiny_model(name.split("-")[0] + "-tiny", **WINDOWED[name])
+    prompts = random_prompts([10, 3, 1, 7])  # left-padded to 10; windows of 3 and 5 are shorter than most prompts
+    seen: dict[bool, list[torch.Tensor]] = {True: [], False: []}
+    use_cache = True
+
+    def recording(logits, config, generator):
+        seen[use_cache].append(logits.clone())
+        return real_sample_next(logits, config, generator)
+
+    real_sample_next = engine.sample_next
+    monkeypatch.setattr(engine, "sample_next", recording)
+    cached = generate(model, prompts, GREEDY)
+    use_cache = False
+    assert cached == generate(model, prompts, GREEDY, use_cache=False)
+    for with_cache, full in zip(seen[True], seen[False], strict=True):
+        torch.testing.assert_close(with_cache, full, atol=1e-5, rtol=0)
+    assert cached == [generate(model, [prompt], GREEDY)[0] for prompt in prompts]
+
+
 def test_generate_sampling_with_cache_equals_recomputation_at_a_seed():
     model = tiny_model("llama-tiny")
     prompts = random_prompts([5, 8, 2])

@@ -79,8 +79,15 @@ def test_param_counts_match_published_gpt2_sizes_without_padding(name, published
         preset("gpt2-tiny", bias=False, tie_embeddings=False, qk_norm=True, vocab_size=500),
         preset("llama-tiny", bias=True, qk_norm=True, mlp_hidden=96, n_kv_head=1),
         preset("llama-tiny", tie_embeddings=True, n_kv_head=None),
+        preset("gpt2-tiny", activation="relu2"),
+        preset("gpt2-tiny", position="rotary", norm="rms"),
+        preset("gpt2-tiny", position="rotary", norm="rms", activation="swiglu", bias=False, qk_norm=True, zero_init=True),
+        preset("gpt2-mini", activation="relu2", tie_embeddings=False, attn_window=16, window_pattern="SSSL", logit_softcap=15.0),
+        preset("llama-tiny", position="learned", norm="layer", activation="gelu", bias=True),
+        preset("llama-tiny", activation="relu2", norm="layer"),  # LayerNorm without bias: weight only
     ],
-    ids=lambda config: f"{config.arch}-L{config.n_layer}-d{config.n_embd}-bias{config.bias}-tie{config.tie_embeddings}-qk{config.qk_norm}",
+    ids=lambda config: f"{config.arch}-L{config.n_layer}-d{config.n_embd}-bias{config.bias}-tie{config.tie_embeddings}-qk{config.qk_norm}"
+                       f"-{config.position_kind}-{config.norm_kind}-{config.activation_kind}",
 )
 def test_param_counts_equal_built_model(config):
     model = GPT(config)
@@ -103,6 +110,27 @@ def test_flops_per_token_match_hand_sums():
         "forward": 100_096,
     }
     assert flops_per_token(preset("gpt2-tiny"), 32)["attention"] == 49_152 // 2
+
+
+def test_flops_per_token_relu2_and_rotary_on_gpt2_match_hand_sums():
+    # relu2 is not gated: the same matrices as GELU. Rotary on gpt2: no wpe (not a matmul anyway), RMSNorm no bias:
+    # non-embedding 25,472 - 2 blocks x 2 norms x 32 - ln_f 32 = 25,312; N = 25,312 + 512 x 32 = 41,696.
+    assert flops_per_token(preset("gpt2-tiny", activation="relu2")) == flops_per_token(preset("gpt2-tiny"))
+    counts = param_counts(preset("gpt2-tiny", position="rotary", norm="rms"))
+    assert (counts["total"], counts["wpe"], counts["non_embedding"]) == (25_312 + 16_384, 0, 25_312)
+    assert flops_per_token(preset("gpt2-tiny", position="rotary", norm="rms"))["matmul_params"] == 41_696
+
+
+def test_flops_per_token_sliding_window_layers_count_window_keys():
+    # gpt2-tiny with 4 layers, window 16, pattern SSL: layers (16, 16, 0, 0). At T = 64 the attention term is
+    # 12 a h_d (16 + 16 + 64 + 64) = 12 x 32 x 160 = 61,440 instead of 12 x 32 x 256 = 98,304.
+    config = preset("gpt2-tiny", n_layer=4, attn_window=16, window_pattern="SSL")
+    assert config.layer_windows == (16, 16, 0, 0)
+    flops = flops_per_token(config)
+    assert flops["attention"] == 61_440
+    assert flops["training"] == flops["dense"] + 61_440
+    assert flops_per_token(preset("gpt2-tiny", n_layer=4))["attention"] == 98_304
+    assert flops_per_token(config, 8)["attention"] == 12 * 32 * 8 * 4  # T under the window: every layer sees T keys
 
 
 def test_flops_per_token_gpt2_follows_nanogpt_estimate_mfu():
@@ -183,16 +211,22 @@ def _saved_bytes_of_one_block(model: GPT, batch_size: int, seq_len: int) -> int:
 
     x = torch.randn(batch_size, seq_len, model.config.n_embd, requires_grad=True)
     rotary = None
-    if model.config.arch == "llama":
+    if model.config.position_kind == "rotary":
         rotary = (model.rope_cos[:seq_len][None, None], model.rope_sin[:seq_len][None, None])
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         model.transformer["h"][0](x, rotary)
     return sum(saved.values())
 
 
-@pytest.mark.parametrize("name", ["gpt2-mini", "llama-mini"])
-def test_activation_bytes_per_layer_match_autograd_saved_tensors_in_fp32(name):
-    config = preset(name, block_size=64)
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [("gpt2-mini", {}), ("llama-mini", {}), ("gpt2-mini", {"activation": "relu2", "position": "rotary", "norm": "rms"}),
+     ("gpt2-mini", {"n_kv_head": 2}), ("llama-mini", {"n_kv_head": None}), ("llama-mini", {"position": "learned"}),
+     ("llama-mini", {"activation": "relu2", "norm": "layer"})],
+    ids=lambda value: value if isinstance(value, str) else "-".join(f"{k}={v}" for k, v in value.items()) or "default",
+)
+def test_activation_bytes_per_layer_match_autograd_saved_tensors_in_fp32(name, overrides):
+    config = preset(name, block_size=64, **overrides)
     model = GPT(config).train()
     measured = _saved_bytes_of_one_block(model, 2, 64)
     estimate = activation_bytes_per_layer(config, 2, 64, param_dtype="fp32", amp="fp32", flash_attention=True)
@@ -215,6 +249,20 @@ def test_cli_model_info_prints_the_accounting(capsys):
     for text in ("124,475,904", "85,056,000", "855,383,040", "50304", "h100 peak 989 TFLOP/s",
                  f"{0.4 * 989e12 / 855_383_040:,.0f} tokens/s", f"{memory['total'] / 2**30:8.2f}"):
         assert text in out
+
+
+def test_cli_model_info_prints_the_switches_and_counts_them(tmp_path, capsys):
+    config = preset("gpt2-tiny", n_layer=4, position="rotary", activation="relu2", logit_softcap=15.0, zero_init=True,
+                    attn_window=16, window_pattern="SSL")
+    save_model(GPT(config), tmp_path / "model")
+    assert main(["model", "info", "--checkpoint", str(tmp_path / "model")]) == 0
+    out = capsys.readouterr().out
+    assert ("switches    position rotary, norm layer, activation relu2, logit_softcap 15, zero_init yes, "
+            "attention sliding window 16 in layers 0,1 (pattern SSL)") in out
+    assert f"total {param_counts(config)['total']:,}" in out and f"attention {flops_per_token(config)['attention']:,}" in out
+    assert main(["model", "info", "--preset", "llama-tiny"]) == 0
+    assert ("position rotary, norm rms, activation swiglu, logit_softcap off, zero_init no, "
+            "attention full context in every layer") in capsys.readouterr().out
 
 
 def test_cli_model_info_reads_a_saved_model(tmp_path, capsys):

@@ -139,6 +139,59 @@ def test_export_hf_refuses_qk_norm_with_biases(tmp_path):
         export_hf(ours("llama-tiny", qk_norm=True, bias=True), tmp_path)
 
 
+def test_export_hf_gpt2_relu2_is_transformers_relu2_and_loads_back(tmp_path):
+    model = ours("gpt2-tiny", activation="relu2", tie_embeddings=False)
+    export_hf(model, tmp_path)
+    reference = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    assert reference.config.activation_function == "relu2"
+    assert max_logit_difference(model, reference, random_ids(512)) < ATOL
+    assert load_hf_gpt2(tmp_path).config == model.config
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "field"),
+    [
+        ("gpt2-tiny", {"position": "rotary"}, "position='rotary'"),
+        ("gpt2-tiny", {"norm": "rms"}, "norm='rms'"),
+        ("gpt2-tiny", {"activation": "swiglu"}, "activation='swiglu'"),
+        ("gpt2-tiny", {"qk_norm": True}, "qk_norm=True"),
+        ("gpt2-tiny", {"logit_softcap": 15.0}, "logit_softcap=15.0"),
+        ("gpt2-tiny", {"attn_window": 8, "window_pattern": "SL"}, "attn_window=8 \\(window_pattern 'SL'\\)"),
+        ("llama-tiny", {"position": "learned"}, "position='learned'"),
+        ("llama-tiny", {"norm": "layer"}, "norm='layer'"),
+        ("llama-tiny", {"activation": "gelu"}, "activation='gelu'"),
+        ("llama-tiny", {"activation": "relu2"}, "activation='relu2'"),
+        ("llama-tiny", {"logit_softcap": 30.0}, "logit_softcap=30.0"),
+        ("llama-tiny", {"qk_norm": True, "attn_window": 8, "window_pattern": "S"}, "attn_window=8 \\(window_pattern 'S'\\)"),
+    ],
+)
+def test_export_hf_refuses_a_switch_without_hugging_face_equivalent_before_writing(tmp_path, name, overrides, field):
+    with pytest.raises(GptlabError, match=f"{field} has no Hugging Face equivalent") as error:
+        export_hf(ours(name, **overrides), tmp_path / "out")
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_hf_exports_switches_that_change_nothing_it_must_compute(tmp_path):
+    """zero_init is only an initialisation; a window pattern whose one layer is the (always full) last one is no window."""
+    model = ours("gpt2-tiny", zero_init=True, n_layer=1, attn_window=8, window_pattern="S")
+    export_hf(model, tmp_path)
+    reference = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    assert max_logit_difference(model, reference, random_ids(512)) < ATOL
+
+
+def test_cli_export_names_every_unexportable_switch_in_one_line(tmp_path, capsys):
+    from gptlab.cli.main import main
+    from gptlab.model.io import save_model
+
+    save_model(ours("llama-tiny", norm="layer", logit_softcap=15.0), tmp_path / "model")
+    assert main(["export", "hf", str(tmp_path / "model"), str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "norm='layer', logit_softcap=15.0 have no Hugging Face equivalent" in err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["model"]  # nothing written
+
+
 @pytest.mark.parametrize(
     ("name", "overrides", "load"),
     [("gpt2-tiny", {}, load_hf_gpt2), ("llama-tiny", {"rope_theta": 20000.0}, load_hf_llama),

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from gptlab.cli.main import main
+from gptlab.model.io import load_model
 from gptlab.train.checkpoint import list_checkpoints
 from tests.conftest import with_ctrl_c
 
@@ -159,3 +160,16 @@ def test_depth_refuses_bad_values(prepared, capsys):
     assert main(tiny(prepared, prepared / "never", "--depth", "-1")) == 1
     assert "--depth must be at least 1, got -1" in capsys.readouterr().err
     assert not (prepared / "never").exists()
+
+
+def test_train_command_sets_every_model_switch_from_flags(prepared, tmp_path):
+    """Every switch is a --model.FIELD flag; the run trains, samples, and its checkpoint holds the switches."""
+    out = tmp_path / "run"
+    switches = ["--model.position", "rotary", "--model.norm", "rms", "--model.activation", "relu2", "--model.qk-norm", "true",
+                "--model.tie-embeddings", "false", "--model.logit-softcap", "15", "--model.zero-init", "true",
+                "--model.attn-window", "8", "--model.window-pattern", "SL"]
+    assert main(tiny(prepared, out, *switches)) == 0
+    config = load_model(list_checkpoints(out)[-1]).config
+    assert (config.position, config.norm, config.activation, config.qk_norm, config.tie_embeddings) == ("rotary", "rms", "relu2", True, False)
+    assert (config.logit_softcap, config.zero_init, config.layer_windows) == (15.0, True, (8, 0))
+    assert losses(out)[-1] < losses(out)[0]

@@ -38,13 +38,14 @@ def register(stages) -> None:
 
 
 def run_export_hf(args: argparse.Namespace) -> int:
-    from gptlab.model.hf import export_hf
+    from gptlab.model.hf import check_exportable, export_hf
 
     out = Path(args.out)
     existing = check_out_dir(out, HF_FILES, flag="OUT")
     if existing and not args.force:
         raise GptlabError(f"OUT {out} holds an earlier export ({', '.join(sorted(existing))}); pass --force to replace it")
     model, path = load_model_from(args.checkpoint)
+    check_exportable(model.config)  # before the tokenizer is read or anything is written
     tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
     chat = all(token in tokenizer.special_tokens for token in CHAT_TOKENS)  # a chat model: its template and stop token go along
     tmp = out.with_name(f".{out.name}.tmp")

@@ -36,6 +36,16 @@ def _count(n: int) -> str:
     return f"{n:,} ({n / 1e6:.2f}M)"
 
 
+def _switches(config) -> str:
+    """The architecture switches, resolved: what "" means for this arch is spelled out."""
+    windowed = [str(layer) for layer, window in enumerate(config.layer_windows) if window]
+    attention = (f"sliding window {config.attn_window} in layers {','.join(windowed)} (pattern {config.window_pattern})"
+                 if windowed else "full context in every layer")
+    softcap = f"{config.logit_softcap:g}" if config.logit_softcap else "off"
+    return (f"position {config.position_kind}, norm {config.norm_kind}, activation {config.activation_kind}, "
+            f"logit_softcap {softcap}, zero_init {'yes' if config.zero_init else 'no'}, attention {attention}")
+
+
 def run_info(args: argparse.Namespace) -> int:
     from gptlab.model import preset
     from gptlab.model.accounting import PEAK_FLOPS, flops_per_token, param_counts, peak_flops, tokens_per_second_at, training_memory
@@ -55,6 +65,7 @@ def run_info(args: argparse.Namespace) -> int:
     print(f"            vocab {config.vocab_size} (padded to {config.padded_vocab_size}), block_size {config.block_size}, "
           f"tied embeddings {'yes' if config.tie_embeddings else 'no'}, bias {'yes' if config.bias else 'no'}, "
           f"qk_norm {'yes' if config.qk_norm else 'no'}, dropout {config.dropout}")
+    print(f"switches    {_switches(config)}")
     print(f"params      total {_count(counts['total'])}, non-embedding {_count(counts['non_embedding'])}, "
           f"embeddings {_count(counts['embeddings'])}")
     print(f"FLOPs/token training {flops['training']:,} = 6N {flops['dense']:,} + attention {flops['attention']:,} "

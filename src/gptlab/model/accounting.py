@@ -5,8 +5,9 @@ parameter counts against a built `GPT`). Symbols: d = n_embd, L = n_layer,
 a = n_head, k = kv heads, h_d = head_dim, F = MLP hidden width, V = vocab_size,
 V' = padded vocab, T = seq_len, B = batch size.
 
-    params     wte V'd (+ wpe T_max d for GPT-2) + L * block + final norm (+ lm_head V'd if untied)
-    FLOPs      6N + 12 L d T per trained token (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT estimate_mfu)
+    params     wte V'd (+ wpe T_max d for learned positions) + L * block + final norm (+ lm_head V'd if untied)
+    FLOPs      6N + 12 L d T per trained token (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT estimate_mfu),
+               a sliding-window layer counting min(T, window) keys per query instead of T
     memory     parameters + gradients + optimizer moments + activations (Korthikanti et al. 2022)
                + autocast weight copies + logits
 
@@ -37,23 +38,24 @@ OPTIMIZER_STATES = {"adamw": 2, "sgd": 1, "none": 0}  # tensors of the parameter
 def param_counts(config: ModelConfig) -> dict[str, int]:
     """Parameters by formula: total (tied weights once), embeddings (wte with its padded rows, wpe), non-embedding.
 
-    Per block: two norms, c_attn d(a + 2k)h_d, c_proj d^2, c_fc dF (2dF gated), c_proj Fd, with biases
-    where `config.bias`; QK-norm adds 2 h_d. Non-embedding = total - wte - wpe - (lm_head if untied),
+    Per block: two norms (LayerNorm d weights + d biases where `config.bias`, RMSNorm d), c_attn d(a + 2k)h_d,
+    c_proj d^2, c_fc dF (2dF for SwiGLU: gate and up), c_proj Fd, with biases where `config.bias`;
+    QK-norm adds 2 h_d. Rotary positions have no table, learned ones wpe. Non-embedding = total - wte - wpe - (lm_head if untied),
     the same split as `GPT.num_params(embeddings=False)`. Example: gpt2 -> 124,475,904 total,
     85,056,000 non-embedding.
     """
     d, F = config.n_embd, config.hidden_dim
     bias = 1 if config.bias else 0
-    norm = d + (d if config.arch == "gpt2" and config.bias else 0)  # LayerNorm weight (+ bias); RMSNorm weight only
+    norm = d + (d if config.norm_kind == "layer" and config.bias else 0)  # LayerNorm weight (+ bias); RMSNorm weight only
     qkv_out = (config.n_head + 2 * config.kv_heads) * config.head_dim
     attention = d * qkv_out + bias * qkv_out + d * d + bias * d
     if config.qk_norm:
         attention += 2 * config.head_dim
-    fc_out = 2 * F if config.arch == "llama" else F  # SwiGLU: gate and up fused
+    fc_out = 2 * F if config.gated else F  # SwiGLU: gate and up fused; gelu and relu2 are not gated
     mlp = d * fc_out + bias * fc_out + F * d + bias * d
     block = 2 * norm + attention + mlp
     wte = config.padded_vocab_size * d
-    wpe = config.block_size * d if config.arch == "gpt2" else 0
+    wpe = config.block_size * d if config.position_kind == "learned" else 0
     lm_head = 0 if config.tie_embeddings else config.padded_vocab_size * d
     non_embedding = config.n_layer * block + norm
     return {
@@ -75,6 +77,9 @@ def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> dict[str
         training = 6 N + 12 L a h_d T     (= 6N + 12 L d T: a h_d = d also with GQA)
         forward  = 2 N + 4 L a h_d T      (one third: the backward pass costs two forwards)
 
+    with L T summed over the layers as sum_l min(T, window_l): a sliding-window layer's queries see
+    at most `attn_window` keys, a full layer's T.
+
     N counts the parameters used in matmuls: non-embedding + the lm_head matrix V'd (computed over
     the padded rows; tied or not). Embedding lookups (wte, wpe) are not matmuls. For tied GPT-2 that is
     nanoGPT's `get_num_params()` (total - wpe). 12 L d T is QK^T and AV over the full T x T square,
@@ -85,7 +90,8 @@ def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> dict[str
         raise GptlabError(f"seq_len must be at least 1, got {seq_len}")
     counts = param_counts(config)
     matmul_params = counts["non_embedding"] + config.padded_vocab_size * config.n_embd
-    attention = config.n_layer * config.n_head * config.head_dim * seq_len
+    keys = sum(min(seq_len, window) if window else seq_len for window in config.layer_windows)  # sum_l T_l
+    attention = config.n_head * config.head_dim * keys
     return {
         "seq_len": seq_len,
         "matmul_params": matmul_params,
@@ -146,30 +152,45 @@ def activation_bytes_per_layer(
     parameters' dtype: fp32 under autocast), dropout masks at 1 byte, adapted to the config:
 
         norms      2 inputs (LayerNorm); RMSNorm also keeps its fp32 input   2 TBd r, or 2 TBd (4 + r)
-        attention  c_attn input, q k v, c_proj input    5 TBd p   (GQA's k, v are repeated to a heads first)
+        attention  c_attn input, q k v, c_proj input    5 TBd p   without rotary or GQA (see _attention_widths)
                    softmax out (+ mask + dropout out)   a T^2 B (p (+ 1 + p))   only without flash attention
         MLP        c_fc input, c_fc out, activation out TB (d + F + F) p; SwiGLU: TB (d + 2F + 2F) p
+                   (relu2: relu keeps its output, which square reuses, and square's output: also d + F + F)
         dropout    masks after attention and MLP        2 TBd   only when config.dropout > 0
 
     For GPT-2 in bf16 (r = p = 2) with dropout and math attention this is exactly their 34 + 5aT/d.
     Flash attention keeps no T x T tensor (it recomputes the scores, dropout included), which
     removes the 5aT/d term. Left out: rotary tables, flash's logsumexp and the norms' statistics (a
-    few floats per token). On CPU, dropout masks are as wide as the activations, SDPA with dropout
+    few floats per token), and QK-norm's copies of q and k. On CPU, dropout masks are as wide as the activations, SDPA with dropout
     falls back to the math kernel, and the reference attention (`set_attention("math")`) keeps its
     softmax in fp32, so those cases keep more than counted here.
     """
     p, r = _bytes_per_element(amp), _bytes_per_element(param_dtype)
     d, F = config.n_embd, config.hidden_dim
     tokens = batch_size * seq_len
-    norms = 2 * tokens * d * (r if config.arch == "gpt2" else 4 + r)
-    attention = 5 * tokens * d * p
+    norms = 2 * tokens * d * (r if config.norm_kind == "layer" else 4 + r)
+    attention = tokens * (2 * d + _attention_widths(config)) * p
     if not flash_attention:
         scores = config.n_head * seq_len * seq_len * batch_size
         attention += scores * p + (scores * (1 + p) if config.dropout > 0 else 0)
-    widths = 2 * F if config.arch == "llama" else F  # c_fc out; SwiGLU: gate and up, then silu(gate) and the product
+    widths = 2 * F if config.gated else F  # c_fc out; SwiGLU: gate and up, then silu(gate) and the product
     mlp = tokens * (d + 2 * widths) * p
     masks = 2 * tokens * d if config.dropout > 0 else 0
     return norms + attention + mlp + masks
+
+
+def _attention_widths(config: ModelConfig) -> int:
+    """Per token, what attention keeps between c_attn and c_proj: the q, k, v that SDPA saves (a h_d = d wide each),
+    plus the fused qkv output (a + 2k) h_d while one of them is still a view of it.
+
+    Rotation makes new q and k (the tables multiply them, so the inputs need not be kept); GQA repeats k and v
+    into new tensors. Plain: 3d (all views). Rotary: rotated q, k + qkv = 5d. GQA: repeated k, v + qkv
+    = 3d + 2 k h_d. Rotary and GQA: rotated q, repeated k, v = 3d, and qkv is not kept at all.
+    """
+    d, qkv = config.n_embd, (config.n_head + 2 * config.kv_heads) * config.head_dim
+    rotary, grouped = config.position_kind == "rotary", config.kv_heads != config.n_head
+    new = (d if rotary else 0) + (2 * d if grouped else d if rotary else 0)  # q rotated; k, v repeated (or k rotated)
+    return new + (qkv if new < 3 * d else 0)
 
 
 def training_memory(

@@ -6,6 +6,11 @@ One dataclass covers both families:
 - Llama-style ("modern"): RMSNorm, rotary embeddings, SwiGLU, no biases, grouped-query
   attention (`n_kv_head`), optional QK-norm, untied embeddings.
 
+`arch` picks the family's defaults; the switches below override one part each, so every
+choice can be measured alone: `position`, `norm` and `activation` ("" = the arch's own),
+`qk_norm`, `tie_embeddings`, `logit_softcap`, `zero_init`, and sliding-window attention
+(`attn_window` with `window_pattern`). Their defaults are the families as they were.
+
 Presets are functions of no arguments returning a config; `preset(name)` looks them up.
 Not here: the layers (gptlab.model.gpt).
 """
@@ -17,6 +22,12 @@ from dataclasses import dataclass, replace
 from gptlab.runtime import GptlabError
 
 ARCHITECTURES = ("gpt2", "llama")
+# What "" means for each switch, per arch.
+ARCH_DEFAULTS = {
+    "gpt2": {"position": "learned", "norm": "layer", "activation": "gelu"},
+    "llama": {"position": "rotary", "norm": "rms", "activation": "swiglu"},
+}
+CHOICES = {"position": ("learned", "rotary"), "norm": ("layer", "rms"), "activation": ("gelu", "swiglu", "relu2")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,10 +47,21 @@ class ModelConfig:
     rope_theta: float = 10000.0  # llama: rotary base
     qk_norm: bool = False  # llama: RMSNorm on queries and keys per head
     dropout: float = 0.0  # on attention weights and residual branches (training only)
+    position: str = ""  # learned | rotary ("" = the arch's: gpt2 learned, llama rotary)
+    norm: str = ""  # layer (LayerNorm) | rms (RMSNorm) ("" = the arch's: gpt2 layer, llama rms)
+    activation: str = ""  # gelu | swiglu | relu2 = relu(x)^2, not gated ("" = the arch's: gpt2 gelu, llama swiglu)
+    logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap) (Gemma 2; nanochat uses 15); 0 = off
+    zero_init: bool = False  # attention and MLP output projections start at zero: each block starts as the identity
+    attn_window: int = 0  # S layers attend to the last attn_window positions, themselves included (0: no S layers)
+    window_pattern: str = "L"  # S (sliding window) / L (full context) cycled over layers, e.g. SSSL; last layer always L
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:
             raise GptlabError(f"unknown arch {self.arch!r}; use one of {', '.join(ARCHITECTURES)}")
+        for name, allowed in CHOICES.items():
+            if getattr(self, name) not in ("", *allowed):
+                raise GptlabError(f"unknown {name} {getattr(self, name)!r}; use one of {', '.join(allowed)} "
+                                  f"(or '' for the arch's own)")
         for name in ("vocab_size", "pad_vocab_to", "block_size", "n_layer", "n_head", "n_embd"):
             if getattr(self, name) < 1:
                 raise GptlabError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -47,10 +69,23 @@ class ModelConfig:
             raise GptlabError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if self.n_head % self.kv_heads:
             raise GptlabError(f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}")
-        if self.arch == "llama" and self.head_dim % 2:
+        if self.position_kind == "rotary" and self.head_dim % 2:
             raise GptlabError(f"rotary embeddings need an even head_dim, got {self.head_dim}")
         if not 0.0 <= self.dropout < 1.0:
             raise GptlabError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not 0.0 <= self.logit_softcap < float("inf"):
+            raise GptlabError(f"logit_softcap must be 0 (off) or a positive number, got {self.logit_softcap}")
+        self._check_window()
+
+    def _check_window(self) -> None:
+        if self.attn_window < 0:
+            raise GptlabError(f"attn_window must be 0 (off) or a number of positions, got {self.attn_window}")
+        if not self.window_pattern or set(self.window_pattern) - {"S", "L"}:
+            raise GptlabError(f"window_pattern must be a string of S (sliding window) and L (full context) "
+                              f"layers such as SSSL, got {self.window_pattern!r}")
+        if "S" in self.window_pattern and self.attn_window == 0:
+            raise GptlabError(f"window_pattern {self.window_pattern!r} has sliding-window (S) layers but attn_window is 0; "
+                              f"set --model.attn_window to the positions an S layer sees, or use window_pattern L")
 
     @property
     def head_dim(self) -> int:
@@ -66,11 +101,41 @@ class ModelConfig:
 
     @property
     def hidden_dim(self) -> int:
+        """4 * n_embd; SwiGLU 8/3 * n_embd rounded up to 64, so its three matrices cost about what two would."""
         if self.mlp_hidden:
             return self.mlp_hidden
-        if self.arch == "gpt2":
+        if not self.gated:
             return 4 * self.n_embd
         return -(-(8 * self.n_embd // 3) // 64) * 64
+
+    @property
+    def position_kind(self) -> str:
+        return self.position or ARCH_DEFAULTS[self.arch]["position"]
+
+    @property
+    def norm_kind(self) -> str:
+        return self.norm or ARCH_DEFAULTS[self.arch]["norm"]
+
+    @property
+    def activation_kind(self) -> str:
+        return self.activation or ARCH_DEFAULTS[self.arch]["activation"]
+
+    @property
+    def gated(self) -> bool:
+        """The MLP has a gate and an up projection (SwiGLU), fused in c_fc: twice the rows."""
+        return self.activation_kind == "swiglu"
+
+    @property
+    def layer_windows(self) -> tuple[int, ...]:
+        """Per layer, the positions its attention sees: attn_window for S layers, 0 (everything) for L.
+
+        The pattern is cycled over the layers and the last layer is always L (nanochat):
+        n_layer 6, "SSL" -> (w, w, 0, w, w, 0); n_layer 5 -> (w, w, 0, w, 0).
+        """
+        pattern = self.window_pattern
+        windows = [self.attn_window if pattern[layer % len(pattern)] == "S" else 0 for layer in range(self.n_layer)]
+        windows[-1] = 0
+        return tuple(windows)
 
 
 # ---------------------------------------------------------------- presets

@@ -10,10 +10,22 @@ rotary position embeddings (Su et al., 2021) in the rotate-half layout that
 Hugging Face uses, SwiGLU MLP, no biases, grouped-query attention
 (Ainslie et al., 2023), optional QK-norm, untied embeddings.
 
+Each part can also be switched alone (ModelConfig), as modded-nanogpt and nanochat do:
+
+    position        learned | rotary                  which positions, on either arch
+    norm            layer | rms                       LayerNorm or RMSNorm (Zhang & Sennrich, 2019)
+    activation      gelu | swiglu | relu2             relu2 = relu(x)^2, not gated (Primer, So et al., 2021)
+    qk_norm         RMSNorm on each head's q and k     (Dehghani et al., 2023)
+    logit_softcap   cap * tanh(logits / cap)          (Gemma 2, 2024)
+    zero_init       output projections start at 0     every block starts as the identity
+    attn_window     sliding-window attention in the S layers of window_pattern (nanochat's SSSL)
+
 Attention runs through `F.scaled_dot_product_attention` (flash attention on
 CUDA) or, for reference, the explicit softmax(QK^T / sqrt(d)) V; tests prove
-them equal. Embedding and logit rows are padded to a multiple of 64; the
-padded logits are cut off before anyone sees them.
+them equal. A sliding-window layer passes a banded mask instead of `is_causal`,
+so SDPA uses its masked (memory-efficient) kernel there. Embedding and logit
+rows are padded to a multiple of 64; the padded logits are cut off before
+anyone sees them.
 
 Generation state (the KV cache) lives in gptlab.model.cache; this module
 only reads and appends to it. Single device, no optimizer, no tokenizer.
@@ -50,7 +62,7 @@ class RMSNorm(nn.Module):
 
 def make_norm(config: ModelConfig, dim: int | None = None) -> nn.Module:
     dim = dim or config.n_embd
-    if config.arch == "gpt2":
+    if config.norm_kind == "layer":
         return nn.LayerNorm(dim, eps=config.norm_eps, bias=config.bias)
     return RMSNorm(dim, config.norm_eps)
 
@@ -114,32 +126,52 @@ class CausalSelfAttention(nn.Module):
         return self.c_proj(y)
 
 
+def causal_mask(T: int, S: int, device=None) -> torch.Tensor:
+    """(1, 1, T, S) bool: the T queries are the last T of S positions, each sees itself and the keys before it."""
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)[None, None]
+
+
+def sliding_window_mask(mask: torch.Tensor, window: int) -> torch.Tensor:
+    """Keep, for each query, only the last `window` keys its mask allows (itself included).
+
+    The keys a query may see are its own position and the ones before it, so the last `window` of
+    them are the positions within the window. Counting allowed keys rather than comparing column
+    numbers also holds for left-padded rows and for cache rows of different lengths (gptlab.infer).
+    With window 2: [1 1 1 0] -> [0 1 1 0]; a left-padded row [0 0 1 1 1] -> [0 0 0 1 1].
+    """
+    allowed_from_here = mask.flip(-1).cumsum(-1).flip(-1)  # allowed keys at this column or after it
+    return mask & (allowed_from_here <= window)
+
+
 def reference_attention(q, k, v, mask: torch.Tensor | None, dropout: float = 0.0) -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + causal/padding mask) v, spelled out. mask: bool (B or 1, 1, T, S), True = may attend."""
     T, S = q.shape[-2], k.shape[-2]
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
     if mask is None:
-        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
+        mask = causal_mask(T, S, q.device)
     scores = scores.masked_fill(~mask, float("-inf"))
     weights = F.dropout(F.softmax(scores.float(), dim=-1).to(q.dtype), p=dropout)
     return weights @ v
 
 
 class MLP(nn.Module):
-    """GPT-2: GELU(x W_fc) W_proj. Llama: (SiLU(x W_gate) * x W_up) W_proj, gate and up fused in c_fc."""
+    """gelu: GELU(x W_fc) W_proj (GPT-2). swiglu: (SiLU(x W_gate) * x W_up) W_proj, gate and up fused in c_fc
+    (Llama). relu2: relu(x W_fc)^2 W_proj (Primer; modded-nanogpt, nanochat)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.gated = config.arch == "llama"
+        self.activation = config.activation_kind
         hidden = config.hidden_dim
-        self.c_fc = nn.Linear(config.n_embd, 2 * hidden if self.gated else hidden, bias=config.bias)
+        self.c_fc = nn.Linear(config.n_embd, 2 * hidden if config.gated else hidden, bias=config.bias)
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.c_proj.residual = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gated:
+        if self.activation == "swiglu":
             gate, up = self.c_fc(x).chunk(2, dim=-1)
             return self.c_proj(F.silu(gate) * up)
+        if self.activation == "relu2":
+            return self.c_proj(F.relu(self.c_fc(x)).square())
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
 
 
@@ -175,22 +207,29 @@ class GPT(nn.Module):
                 "ln_f": make_norm(config),
             }
         )
-        if config.arch == "gpt2":
+        if config.position_kind == "learned":
             self.transformer["wpe"] = nn.Embedding(config.block_size, config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer["wte"].weight
-        if config.arch == "llama":
+        if config.position_kind == "rotary":
             cos, sin = rotary_tables(config)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
-        """N(0, 0.02); residual projections N(0, 0.02 / sqrt(2 n_layer)); biases 0; norms 1 (GPT-2 paper, sec. 2.3)."""
+        """N(0, 0.02); residual projections N(0, 0.02 / sqrt(2 n_layer)); biases 0; norms 1 (GPT-2 paper, sec. 2.3).
+
+        zero_init: residual projections start at 0 instead (modded-nanogpt, nanochat), so every block adds
+        nothing at first; their gradients are not zero, so they grow from the first step.
+        """
         if isinstance(module, nn.Linear):
-            std = 0.02 / math.sqrt(2 * self.config.n_layer) if getattr(module, "residual", False) else 0.02
+            residual = getattr(module, "residual", False)
+            std = 0.02 / math.sqrt(2 * self.config.n_layer) if residual else 0.02
             nn.init.normal_(module.weight, mean=0.0, std=std)
+            if residual and self.config.zero_init:  # drawn first all the same: the other weights stay the seed's
+                nn.init.zeros_(module.weight)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
@@ -232,29 +271,48 @@ class GPT(nn.Module):
             raise GptlabError(f"sequence of {start + T} tokens is longer than the context ({self.config.block_size})")
         if positions is None:
             positions = torch.arange(start, start + T, device=idx.device).unsqueeze(0)  # (1, T)
-        x = self.transformer["wte"](idx)
-        rotary = None
-        if self.config.arch == "gpt2":
-            x = x + self.transformer["wpe"](positions)
-        else:
-            rotary = (self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1))  # (B|1, 1, T, D)
+        x, rotary = self._embed(idx, positions)
         if mask is None and cache is not None and start > 0:
-            mask = torch.ones(T, start + T, dtype=torch.bool, device=idx.device).tril(diagonal=start)[None, None]
-        if self.training and self.config.dropout > 0:
-            x = self.transformer["drop"](x)
+            mask = causal_mask(T, start + T, idx.device)
+        masks = self._layer_masks(mask, T, start + T, idx.device)
         for layer, block in enumerate(self.transformer["h"]):
-            x = block(x, rotary, cache, layer, mask)
+            x = block(x, rotary, cache, layer, masks[layer])
         if cache is not None:
             cache.advance(T)
         x = self.transformer["ln_f"](x)
         if last_only and targets is None:
             x = x[:, -1:]
         logits = self.lm_head(x)[..., : self.config.vocab_size]  # padded rows are never seen
+        if self.config.logit_softcap:
+            cap = self.config.logit_softcap
+            logits = cap * torch.tanh(logits / cap)  # smoothly bounded to (-cap, cap) (Gemma 2)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=ignore_index,
                                    reduction=loss_reduction)
         return logits, loss
+
+    def _embed(self, idx: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, tuple | None]:
+        """Token embeddings (+ learned positions), and the rotary (cos, sin) of each position, (B|1, 1, T, D)."""
+        x = self.transformer["wte"](idx)
+        rotary = None
+        if self.config.position_kind == "learned":
+            x = x + self.transformer["wpe"](positions)
+        else:
+            rotary = (self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1))
+        if self.training and self.config.dropout > 0:
+            x = self.transformer["drop"](x)
+        return x, rotary
+
+    def _layer_masks(self, mask: torch.Tensor | None, T: int, S: int, device) -> list[torch.Tensor | None]:
+        """Each layer's attention mask: `mask` (None: plain causal) for full layers; for sliding-window layers
+        the same cut to the last attn_window keys, built once. A window covering all S keys is no cut: skipped."""
+        window = self.config.attn_window
+        short = [0 < layer_window < S for layer_window in self.config.layer_windows]
+        if not any(short):
+            return [mask] * len(short)
+        windowed = sliding_window_mask(mask if mask is not None else causal_mask(T, S, device), window)
+        return [windowed if is_short else mask for is_short in short]
 
     def num_params(self, embeddings: bool = True) -> int:
         """Parameters (tied weights once); without embeddings: minus token and position tables (as in nanoGPT)."""

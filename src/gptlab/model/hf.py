@@ -18,6 +18,12 @@ sharded behind a `*.index.json`. Two families map onto our one model:
       model.layers.N.mlp.down_proj                  transformer.h.N.mlp.c_proj
       model.layers.N.{input,post_attention}_layernorm  transformer.h.N.ln_1 / ln_2
 
+Of the model switches, GPT-2 also takes activation relu2 (transformers' "relu2")
+and untied embeddings; QK-norm goes to Qwen3. Any other switch away from the
+family (rotary or RMSNorm on gpt2, learned positions on llama, a softcap, a
+sliding window, ...) has no Hugging Face class here, and export refuses it
+before writing anything.
+
 Our embedding and logit tables have `padded_vocab_size` rows; Hugging Face's
 have `vocab_size`. Loading pads with zero rows (never seen: logits are cut to
 vocab_size), exporting cuts them off. Loaded weights take the model's dtype
@@ -47,6 +53,7 @@ CONFIG_NAME = "config.json"
 SAFETENSORS_NAME = "model.safetensors"
 PICKLE_NAME = "pytorch_model.bin"
 GELU_TANH = ("gelu_new", "gelu_pytorch_tanh")  # both are GELU's tanh approximation, as in our MLP
+RELU2 = "relu2"  # transformers' ACT2FN name for relu(x)^2, our activation="relu2"
 CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # GPT-2's Conv1D stores (in, out)
 LLAMA_TOP = {
     "transformer.wte.weight": "model.embed_tokens.weight",
@@ -135,7 +142,7 @@ def gpt2_config_from_hf(hf: dict) -> ModelConfig:
     """ModelConfig for a GPT2LMHeadModel config.json (n_positions -> block_size, layer_norm_epsilon -> norm_eps)."""
     _check_model_type(hf.get("model_type", "gpt2"), ("gpt2",))
     _require({
-        "activation_function": (hf.get("activation_function", "gelu_new"), GELU_TANH),
+        "activation_function": (hf.get("activation_function", "gelu_new"), (*GELU_TANH, RELU2)),
         "scale_attn_weights": (hf.get("scale_attn_weights", True), (True,)),
         "scale_attn_by_inverse_layer_idx": (hf.get("scale_attn_by_inverse_layer_idx", False), (False,)),
         "reorder_and_upcast_attn": (hf.get("reorder_and_upcast_attn", False), (False,)),
@@ -148,6 +155,7 @@ def gpt2_config_from_hf(hf: dict) -> ModelConfig:
         n_layer=hf.get("n_layer", 12), n_head=hf.get("n_head", 12), n_embd=n_embd,
         mlp_hidden=None if n_inner in (None, 4 * n_embd) else n_inner, bias=True,
         tie_embeddings=hf.get("tie_word_embeddings", True), norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+        activation=RELU2 if hf.get("activation_function") == RELU2 else "",
     )
 
 
@@ -180,12 +188,34 @@ def llama_config_from_hf(hf: dict) -> ModelConfig:
     return config if intermediate == config.hidden_dim else replace(config, mlp_hidden=intermediate)
 
 
+def check_exportable(config: ModelConfig) -> None:
+    """Refuse, before any file is written, a switch the Hugging Face class for this arch cannot compute."""
+    if config.arch == "gpt2":
+        target = "GPT2LMHeadModel"
+        supported = {"position": ("learned",), "norm": ("layer",), "activation": ("gelu", RELU2)}
+    else:
+        target = "LlamaForCausalLM or Qwen3ForCausalLM"
+        supported = {"position": ("rotary",), "norm": ("rms",), "activation": ("swiglu",)}
+    bad = [f"{name}={getattr(config, f'{name}_kind')!r}" for name, allowed in supported.items()
+           if getattr(config, f"{name}_kind") not in allowed]
+    if config.arch == "gpt2" and config.qk_norm:
+        bad.append("qk_norm=True")
+    if config.logit_softcap:
+        bad.append(f"logit_softcap={config.logit_softcap}")
+    if any(config.layer_windows):
+        bad.append(f"attn_window={config.attn_window} (window_pattern {config.window_pattern!r})")
+    if bad:
+        verb = "has" if len(bad) == 1 else "have"
+        raise GptlabError(f"cannot export this {config.arch} model: {', '.join(bad)} {verb} no Hugging Face equivalent "
+                          f"({target} cannot compute it)")
+
+
 def gpt2_config_to_hf(config: ModelConfig) -> dict:
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": config.vocab_size,
         "n_positions": config.block_size, "n_ctx": config.block_size, "n_embd": config.n_embd,
         "n_layer": config.n_layer, "n_head": config.n_head, "n_inner": config.hidden_dim,
-        "activation_function": "gelu_new", "layer_norm_epsilon": config.norm_eps,
+        "activation_function": RELU2 if config.activation_kind == RELU2 else "gelu_new", "layer_norm_epsilon": config.norm_eps,
         "resid_pdrop": config.dropout, "embd_pdrop": config.dropout, "attn_pdrop": config.dropout,
         "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
         "tie_word_embeddings": config.tie_embeddings,
@@ -359,6 +389,7 @@ def export_hf(model: GPT, directory: str | os.PathLike, *, eos_token_id: int | N
     left unset unless given. Weights first, config last: a directory with a config is complete.
     """
     config = model.config
+    check_exportable(config)
     if config.arch == "gpt2":
         hf_config, state = gpt2_config_to_hf(config), gpt2_state_to_hf(model)
     else:
