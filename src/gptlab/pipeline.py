@@ -120,7 +120,7 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
         tokenizer, tokenizer_seconds, stats, data_dir, train_config = prepare_stages(config, folder, log, color)
         model_config = train_config.model
         log(f"[5/{STAGES}] train: {model_config.arch} {model_config.n_layer} layers x {model_config.n_embd} wide, "
-            f"{train_config.max_steps} steps of {train_config.batch_tokens:,} tokens")
+            f"{_length(train_config)} of {train_config.batch_tokens:,} tokens a step")
         runtime = init_runtime(train_config.device)
         trainer = Trainer(train_config, runtime=runtime, log=lambda line: log("      " + line))
         trained = trainer.fit()
@@ -151,6 +151,14 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
         tokenizer_dir=out / "tokenizer", val_bytes_per_token=stats.bytes_per_token, train_seconds=tokenizer_seconds,
         data_dir=data_dir, train=trained, val_bpb=val["bpb"], sample=text, sft=tuned, conversation=conversation,
     )
+
+
+def _length(config: TrainConfig) -> str:
+    """How long training runs: a time budget (the schedule follows it) and/or a number of steps."""
+    steps = f"{config.max_steps:,} steps"
+    if not config.time_limit:
+        return steps
+    return f"{config.time_limit:g} s" + (f" (at most {steps})" if config.max_steps < 10**8 else "")
 
 
 def sft_stage(config: RunConfig, out: Path, train_config: TrainConfig, trained: TrainResult, runtime, log) -> SFTResult:
