@@ -102,8 +102,10 @@ def plot_losses(records: list[dict], path: str | os.PathLike) -> Path | None:
 STANDARD = ("step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu", "elapsed")  # the Trainer's own
 
 
-def console_line(record: dict, max_steps: int, eta_seconds: float | None) -> str:
-    parts = [f"step {record['step']:>6}/{max_steps}", f"loss {record['loss']:.4f}", f"lr {record['lr']:.2e}", f"norm {record['grad_norm']:.2f}", f"{record['tokens_per_s']:,.0f} tok/s"]
+def console_line(record: dict, max_steps: int, eta_seconds: float | None, spent: float | None = None) -> str:
+    """The step's line; `spent`: the share of a time budget used, shown instead of the step count it makes moot."""
+    where = f"step {record['step']:>6} ({spent:.0%} of time)" if spent is not None else f"step {record['step']:>6}/{max_steps}"
+    parts = [where, f"loss {record['loss']:.4f}", f"lr {record['lr']:.2e}", f"norm {record['grad_norm']:.2f}", f"{record['tokens_per_s']:,.0f} tok/s"]
     if record.get("mfu") is not None:
         parts.append(f"mfu {100 * record['mfu']:.1f}%")
     parts += [f"{key} {value:.3g}" for key, value in record.items() if key not in STANDARD and isinstance(value, (int, float))]

@@ -403,7 +403,7 @@ class Trainer:
         eta = elapsed / done * (config.max_steps - state.step) if done else None
         if config.time_limit and eta is not None:
             eta = min(eta, max(0.0, config.time_limit * (1 - self.spent)))
-        self.print(console_line(record, config.max_steps, eta))
+        self.print(console_line(record, config.max_steps, eta, self.spent if config.time_limit else None))
 
     def _periodic(self, out_of_time: bool) -> None:
         """Evaluations, samples and checkpoints that fall on this step (not on the last: _finish does those)."""
