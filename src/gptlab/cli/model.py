@@ -64,6 +64,6 @@ def run_info(args: argparse.Namespace) -> int:
           f"100% = {tokens_per_second_at(1.0, config, seq_len, peak):,.0f} tokens/s")
     attention = "math attention" if args.no_flash else "flash attention"
     print(f"memory      batch {args.batch_size} x {seq_len} tokens, fp32 params, {args.precision} activations, AdamW, {attention} (GiB):")
-    for part in ("parameters", "gradients", "optimizer", "activations", "weight_casts", "logits", "total"):
+    for part in ("parameters", "gradients", "optimizer", "activations", "weight_casts", "logits", "logit_grads", "total"):
         print(f"  {part:<13}{memory[part] / GIB:8.2f}")
     return 0
