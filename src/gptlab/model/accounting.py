@@ -195,8 +195,9 @@ def training_memory(
                      (both fp32) are alive together with the saved log-softmax: the step's peak
 
     Not counted: the CUDA context and allocator slack, the lm_head output while the caller holds the
-    logits, and the embedding activations. On CPU, gpt2-mini in fp32 and bf16 peaks within a few
-    percent of the total (gptlab.train.measure tracks live tensor bytes; tests/model check it).
+    logits, and the embedding activations. The total leans high: at the peak (backward's start) the
+    blocks' gradients are not made yet. Measured on CPU (live tensor bytes, gptlab.train.measure),
+    gpt2-mini and llama-mini peak at 85-100% of it (tests/train/test_measure.py).
     """
     seq_len = config.block_size if seq_len is None else seq_len
     if batch_size < 1 or seq_len < 1:
