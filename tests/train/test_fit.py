@@ -14,7 +14,7 @@ from gptlab.model import preset
 from gptlab.runtime import GptlabError
 from gptlab.train import TrainConfig, Trainer
 from gptlab.train.checkpoint import list_checkpoints
-from gptlab.train.fit import SAFETY, choose_micro_batch, free_memory, micro_batch_memory, smaller_micro_batch
+from gptlab.train.fit import SAFETY, cgroup_room, choose_micro_batch, free_memory, micro_batch_memory, smaller_micro_batch
 
 from .conftest import tiny_config
 
@@ -99,6 +99,15 @@ def test_free_memory_on_cpu_is_at_most_the_machine_memory():
     assert 0 < free_memory(CPU) <= total
 
 
+def test_cgroup_room_is_the_limit_less_the_usage(tmp_path):
+    assert cgroup_room(tmp_path) is None  # no cgroup files: no limit
+    (tmp_path / "memory.max").write_text("max\n")
+    (tmp_path / "memory.current").write_text("73741824\n")
+    assert cgroup_room(tmp_path) is None  # unlimited
+    (tmp_path / "memory.max").write_text("1073741824\n")
+    assert cgroup_room(tmp_path) == 1_000_000_000
+
+
 def test_micro_batch_zero_is_refused_where_nothing_resolves_it():
     with pytest.raises(GptlabError, match="micro_batch 0 .* pass --micro-batch N"):
         TrainConfig(micro_batch=0).accumulation_steps(1)
@@ -169,7 +178,7 @@ def test_a_run_resumes_at_the_micro_batch_its_checkpoint_was_trained_with(prepar
     lines = []
     resumed = Trainer(dataclasses.replace(config, out=str(tmp_path / "resumed")), log=lines.append).fit()
     assert resumed.steps == 4 and len(resumed.losses) == 2
-    assert "micro-batch 2, the checkpoint's (8 here): a run resumes at its own" in lines
+    assert "micro-batch 2 as in the checkpoint (not 8): a resumed run keeps its batches" in lines
     for name, tensor in final_weights(tmp_path / "small").items():
         assert torch.equal(final_weights(tmp_path / "resumed")[name], tensor), name
     assert set(saved_micro_batches(tmp_path / "resumed").values()) == {2}

@@ -28,11 +28,13 @@ from gptlab.model.accounting import training_memory
 from gptlab.runtime import GptlabError
 
 SAFETY = 0.85  # the share of the free memory a micro-batch's estimate may take
+CGROUP = Path("/sys/fs/cgroup")  # a container's memory limit (cgroup v2)
 GIB = 2**30
 
 
 def free_memory(device: torch.device) -> int:
-    """Bytes this process may still allocate on `device`: CUDA's free memory, or the host's available RAM."""
+    """Bytes this process may still allocate on `device`: CUDA's free memory, or the host's available RAM
+    (within a container's cgroup limit, which /proc/meminfo does not show)."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
     if device.type == "mps":
@@ -40,7 +42,9 @@ def free_memory(device: torch.device) -> int:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024  # the file says kB and means KiB
+                available = int(line.split()[1]) * 1024  # the file says kB and means KiB
+                room = cgroup_room()
+                return available if room is None else min(available, room)
     except OSError:
         pass
     raise GptlabError(f"cannot tell how much memory is free on {device} here (no /proc/meminfo); "
@@ -56,6 +60,16 @@ def micro_batch_memory(model: ModelConfig, micro_batch: int, seq_len: int, *, pr
     flash = device.type == "cuda" or model.dropout == 0
     return training_memory(model, micro_batch, seq_len, param_dtype="fp32", amp=precision, optimizer="adamw",
                            flash_attention=flash)["total"]
+
+
+def cgroup_room(root: Path = CGROUP) -> int | None:
+    """Bytes left under this cgroup's memory limit (cgroup v2: memory.max - memory.current); None without one."""
+    try:
+        limit = (root / "memory.max").read_text().strip()
+        used = int((root / "memory.current").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if limit == "max" else max(int(limit) - used, 0)
 
 
 @dataclass(frozen=True)

@@ -481,7 +481,8 @@ class Trainer:
         micro_batch = saved.get("config", {}).get("micro_batch")
         if not micro_batch or micro_batch == self.config.micro_batch:
             return
-        self.fit_note = f"micro-batch {micro_batch}, the checkpoint's ({self.config.micro_batch} here): a run resumes at its own"
+        self.fit_note = (f"micro-batch {micro_batch} as in the checkpoint (not {self.config.micro_batch}): "
+                         "a resumed run keeps its batches")
         self._set_micro_batch(micro_batch)
         self.train_loader = self._loader("train")
 
