@@ -129,3 +129,12 @@ def test_train_command_defaults_to_the_tokenizer_saved_with_the_data(prepared, t
     assert (checkpoint / "tokenizer" / "tokenizer.json").read_bytes() == (prepared / "data" / "tokenizer.json").read_bytes()
     capsys.readouterr()
     assert main(["sample", "--checkpoint", str(tmp_path / "run"), "--prompt", "A", "--max-new-tokens", "3", "--seed", "0"]) == 0
+
+
+def test_train_command_takes_micro_batch_0_as_auto_and_saves_the_pick(prepared, tmp_path, capsys):
+    """The host has far more than a 2-layer model's few MB free: auto takes all 4 sequences of the step at once."""
+    out = tmp_path / "run"
+    assert main(tiny(prepared, out, "--micro-batch", "0", "--max-steps", "3")) == 0
+    printed = capsys.readouterr().out
+    assert "128 tokens/step = 1 x 4 x 32" in printed and "micro-batch auto: 4 (estimated " in printed
+    assert json.loads((out / "train_config.json").read_text())["micro_batch"] == 4
