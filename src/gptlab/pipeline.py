@@ -136,7 +136,7 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
 
     log(f"[6/{STAGES}] evaluate: the whole val split (the held-out works)")
     model = load_model(trained.checkpoint, device=runtime.device)
-    val = evaluate_split(model, train_config)
+    val = evaluate_split(model, trainer.config)  # its micro_batch resolved (0: auto)
     log(f"      val loss {val['loss']:.4f} nats/token, val bits per byte {val['bpb']:.4f} ({val['tokens']:,} tokens)")
 
     log(f"[7/{STAGES}] sample: {config.sample.max_new_tokens} tokens, temperature {config.sample.temperature}, top-k {config.sample.top_k}")

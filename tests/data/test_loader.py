@@ -335,3 +335,42 @@ def test_loader_cuda_batches_equal_the_cpu_batches(prepared):
     on_gpu = take(make_loader(directory, device="cuda"), 5)
     assert all(x.is_cuda and y.is_cuda for x, y in on_gpu)
     assert_batches_equal([(x.cpu(), y.cpu()) for x, y in on_gpu], take(make_loader(directory), 5))
+
+
+# ---------------------------------------------------------------- smaller batches
+
+
+@pytest.mark.parametrize(("mode", "rank", "world_size"), [("sequential", 0, 1), ("sequential", 1, 2), ("random", 1, 2)])
+def test_loader_rebatch_continues_as_a_loader_that_always_served_the_smaller_batches(tmp_path, mode, rank, world_size):
+    """Batches of 2 after 2 batches of 4 == batches of 2 after 4 of 2: what the Trainer's OOM backoff relies on.
+    (One long shard: no shard end in between, where a smaller round could fit in a tail a larger one skipped.)"""
+    directory = tmp_path / "long"
+    write_prepared(directory, {"train": (1000,)})
+    settings = {"mode": mode, "seed": 3, "rank": rank, "world_size": world_size}
+    always_small = make_loader(directory, batch_size=2, **settings)
+    take(always_small, 4)
+    shrunk = make_loader(directory, batch_size=4, **settings)
+    take(shrunk, 2)
+    shrunk.rebatch(2)
+    assert shrunk.state_dict() == always_small.state_dict()
+    assert_batches_equal(take(shrunk, 3), take(always_small, 3))
+
+
+def test_loader_rebatch_splits_the_batch_it_would_have_served(prepared):
+    """Sequential, one rank: the next batch of 4 is the next two batches of 2, row for row."""
+    directory, _ = prepared
+    large = make_loader(directory, batch_size=4)
+    take(large, 1)
+    split = make_loader(directory, batch_size=4)
+    take(split, 1)
+    split.rebatch(2)
+    (x, y), = take(large, 1)
+    (x1, y1), (x2, y2) = take(split, 2)
+    assert torch.equal(torch.cat([x1, x2]), x) and torch.equal(torch.cat([y1, y2]), y)
+
+
+def test_loader_rebatch_refuses_a_size_that_does_not_divide_the_batch(prepared):
+    directory, _ = prepared
+    loader = make_loader(directory, batch_size=4)
+    with pytest.raises(GptlabError, match="a divisor of 4, not 3"):
+        loader.rebatch(3)

@@ -172,7 +172,8 @@ def test_training_memory_matches_hand_sums():
     #   parameters 43,904 x 4 = 175,616; gradients the same; AdamW m and v 2 x 175,616 = 351,232.
     #   per layer (TB = 256 tokens, d 32, F 128): norms 2 x 256 x 32 x 4 = 65,536 (fp32 residual stream);
     #     attention 5 x 256 x 32 x 2 = 81,920; MLP 256 x (32 + 128 + 128) x 2 = 147,456 -> 294,912; x 2 layers.
-    #   weight casts: 41,856 matmul weights x 2 = 83,712; logits 4 x 64 x 512 x 4 = 524,288.
+    #   weight casts: 41,856 matmul weights x 2 = 83,712; logits 4 x 64 x 512 x 4 = 524,288;
+    #   logit gradients twice that, 1,048,576.
     memory = training_memory(preset("gpt2-tiny"), 4, 64)
     assert memory == {
         "parameters": 175_616,
@@ -181,7 +182,8 @@ def test_training_memory_matches_hand_sums():
         "activations": 589_824,
         "weight_casts": 83_712,
         "logits": 524_288,
-        "total": 1_900_288,
+        "logit_grads": 1_048_576,
+        "total": 2_948_864,
     }
     fp32 = training_memory(preset("gpt2-tiny"), 4, 64, amp="fp32", optimizer="none")
     assert fp32["optimizer"] == fp32["weight_casts"] == 0

@@ -173,3 +173,12 @@ def test_train_command_sets_every_model_switch_from_flags(prepared, tmp_path):
     assert (config.position, config.norm, config.activation, config.qk_norm, config.tie_embeddings) == ("rotary", "rms", "relu2", True, False)
     assert (config.logit_softcap, config.zero_init, config.layer_windows) == (15.0, True, (8, 0))
     assert losses(out)[-1] < losses(out)[0]
+
+
+def test_train_command_takes_micro_batch_0_as_auto_and_saves_the_pick(prepared, tmp_path, capsys):
+    """The host has far more than a 2-layer model's few MB free: auto takes all 4 sequences of the step at once."""
+    out = tmp_path / "run"
+    assert main(tiny(prepared, out, "--micro-batch", "0", "--max-steps", "3")) == 0
+    printed = capsys.readouterr().out
+    assert "128 tokens/step = 1 x 4 x 32" in printed and "micro-batch auto: 4 (estimated " in printed
+    assert json.loads((out / "train_config.json").read_text())["micro_batch"] == 4

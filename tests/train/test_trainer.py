@@ -154,8 +154,8 @@ def test_mistakes_are_caught_before_any_compute(prepared, tmp_path, changes, mes
 
 def test_resume_with_other_settings_is_refused(prepared, tmp_path):
     quiet(tiny_config(prepared, tmp_path / "run", max_steps=2)).fit()
-    with pytest.raises(GptlabError, match="other settings.*micro_batch"):
-        quiet(tiny_config(prepared, tmp_path / "run", micro_batch=2)).fit()
+    with pytest.raises(GptlabError, match="other settings.*batch_tokens"):
+        quiet(tiny_config(prepared, tmp_path / "run", batch_tokens=8 * 32)).fit()
 
 
 DDP_SCRIPT = """

@@ -117,8 +117,9 @@ class SFTTrainer(Trainer):
         config = dataclasses.replace(config, model=self.start.model_config)  # seq_len is checked against the base model's context here
         self.mixtures = load_mixtures(config, self.print)
         self.has_val = "val" in self.mixtures
-        self.accum = config.accumulation_steps(self.runtime.world_size)
         self.precision = resolve_precision(config.precision, self.runtime.device)
+        config = self._fit_micro_batch(config)  # 0: auto
+        self.accum = config.accumulation_steps(self.runtime.world_size)
         return self._shorten_warmup(config)
 
     def _make_model(self) -> GPT:

@@ -1,5 +1,10 @@
 """`gptlab model info`: a model's size, FLOPs per token and training memory, from a preset or any saved model
-(a run folder, a checkpoint, a Hugging Face folder: gptlab.cli.common)."""
+(a run folder, a checkpoint, a Hugging Face folder: gptlab.cli.common).
+
+The throughput line is datasheet arithmetic (tokens/s at 40% of a named GPU's peak); `--measure`
+times the model's training step on this machine instead (gptlab.train.measure) and prints its tokens/s,
+achieved FLOP/s, MFU against this device's own matmul peak, and its peak memory beside the estimate.
+"""
 
 from __future__ import annotations
 
@@ -20,9 +25,15 @@ def register(stages) -> None:
     add_model_argument(source, required=False)
     info.add_argument("--seq-len", type=positive, metavar="T", help="tokens per sequence (default: the block size)")
     info.add_argument("--batch-size", type=positive, default=8, metavar="B", help="sequences per step for the memory estimate (default 8)")
-    info.add_argument("--device-peak", default="h100", metavar="NAME|FLOPS", help="a100, h100, h200, cpu, or a peak FLOP/s number (default h100)")
-    info.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16", help="activation precision (default bf16)")
+    info.add_argument("--device-peak", default="h100", metavar="NAME|FLOPS",
+                      help="datasheet arithmetic for a100, h100, h200, cpu, or a peak FLOP/s number (default h100)")
+    info.add_argument("--precision", choices=["auto", "bf16", "fp16", "fp32"], default="auto",
+                      help="autocast precision (default auto: bf16 on paper; with --measure, the device's, as training picks it)")
     info.add_argument("--no-flash", action="store_true", help="count the T x T attention scores (math attention)")
+    info.add_argument("--measure", action="store_true", help="time the training step here: tokens/s, MFU, peak memory")
+    info.add_argument("--device", default="auto", help="--measure on this device: auto, cpu, cuda, cuda:N, mps (default auto)")
+    info.add_argument("--steps", type=positive, default=5, metavar="N", help="--measure: timed steps (default 5)")
+    info.add_argument("--warmup", type=int, default=2, metavar="N", help="--measure: warm-up steps, at least 2 (default 2)")
     info.set_defaults(handler=run_info)
 
 
@@ -55,9 +66,11 @@ def run_info(args: argparse.Namespace) -> int:
     if seq_len > config.block_size:
         raise GptlabError(f"--seq-len {seq_len} is longer than the model's context ({config.block_size})")
     peak = peak_flops(args.device_peak)
+    runtime = _measuring_runtime(args)
+    precision = _precision(args, runtime)
     counts = param_counts(config)
     flops = flops_per_token(config, seq_len)
-    memory = training_memory(config, args.batch_size, seq_len, amp=args.precision, flash_attention=not args.no_flash)
+    memory = training_memory(config, args.batch_size, seq_len, amp=precision, flash_attention=not args.no_flash)
 
     name = args.preset or args.checkpoint
     print(f"model       {name}: {config.arch}, n_layer {config.n_layer}, n_head {config.n_head}, n_kv_head {config.kv_heads}, "
@@ -71,10 +84,57 @@ def run_info(args: argparse.Namespace) -> int:
     print(f"FLOPs/token training {flops['training']:,} = 6N {flops['dense']:,} + attention {flops['attention']:,} "
           f"(N = {flops['matmul_params']:,} matmul params, T = {seq_len}); forward {flops['forward']:,}")
     label = args.device_peak.lower() if args.device_peak.lower() in PEAK_FLOPS else "custom"
-    print(f"throughput  {label} peak {peak / 1e12:g} TFLOP/s: 40% MFU = {tokens_per_second_at(0.4, config, seq_len, peak):,.0f} tokens/s, "
-          f"100% = {tokens_per_second_at(1.0, config, seq_len, peak):,.0f} tokens/s")
+    print(f"throughput  datasheet arithmetic, {label} peak {peak / 1e12:g} TFLOP/s: "
+          f"40% MFU = {tokens_per_second_at(0.4, config, seq_len, peak):,.0f} tokens/s, "
+          f"100% = {tokens_per_second_at(1.0, config, seq_len, peak):,.0f} tokens/s"
+          f"{'' if runtime else ' (not measured: --measure times this machine)'}")
+    if runtime is not None:
+        _print_measured(config, args.batch_size, seq_len, precision, runtime.device, args)
     attention = "math attention" if args.no_flash else "flash attention"
-    print(f"memory      batch {args.batch_size} x {seq_len} tokens, fp32 params, {args.precision} activations, AdamW, {attention} (GiB):")
-    for part in ("parameters", "gradients", "optimizer", "activations", "weight_casts", "logits", "total"):
+    print(f"memory      batch {args.batch_size} x {seq_len} tokens, fp32 params, {precision} activations, AdamW, {attention} (GiB):")
+    for part in ("parameters", "gradients", "optimizer", "activations", "weight_casts", "logits", "logit_grads", "total"):
         print(f"  {part:<13}{memory[part] / GIB:8.2f}")
     return 0
+
+
+def _measuring_runtime(args: argparse.Namespace):
+    """The device to measure on (None without --measure), set up as training sets it up (TF32 on CUDA)."""
+    if not args.measure:
+        return None
+    if args.warmup < 2:
+        raise GptlabError(f"--warmup must be at least 2 (AdamW makes its state in the first step), got {args.warmup}")
+    from gptlab.runtime.device import init_runtime
+
+    return init_runtime(args.device)
+
+
+def _precision(args: argparse.Namespace, runtime) -> str:
+    """auto: bf16 on paper (the GPUs the datasheet line is about); measured, what training picks on the device."""
+    if args.precision != "auto":
+        if runtime is not None:
+            from gptlab.runtime.device import resolve_precision
+
+            resolve_precision(args.precision, runtime.device)  # refuses fp16 on CPU
+        return args.precision
+    if runtime is None:
+        return "bf16"
+    from gptlab.runtime.device import resolve_precision
+
+    return resolve_precision("auto", runtime.device)
+
+
+def _flop_rate(flops: float) -> str:
+    return f"{flops / 1e12:,.1f} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:,.1f} GFLOP/s"
+
+
+def _print_measured(config, batch_size: int, seq_len: int, precision: str, device, args: argparse.Namespace) -> None:
+    from gptlab.train.measure import measure_training
+
+    m = measure_training(config, batch_size=batch_size, seq_len=seq_len, precision=precision, device=device,
+                         steps=args.steps, warmup=args.warmup)
+    print(f"measured    {m.device}, {m.precision}, batch {batch_size} x {seq_len}: {m.tokens_per_second:,.0f} tokens/s "
+          f"({m.seconds_per_step:.3f} s/step: forward, backward, clip, AdamW; {m.steps} steps after {args.warmup} warm-up)")
+    print(f"            achieved {_flop_rate(m.achieved_flops)}; this device's peak {_flop_rate(m.peak_flops)} "
+          f"({m.precision} {m.matmul_size} x {m.matmul_size} matmuls): MFU {m.mfu:.1%}")
+    print(f"            peak memory {m.peak_memory / GIB:.2f} GiB measured ({m.memory_kind}), "
+          f"{m.estimated_memory / GIB:.2f} GiB estimated (estimate / measured {m.estimated_memory / m.peak_memory:.2f})")

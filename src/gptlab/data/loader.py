@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -234,6 +234,25 @@ class ShardLoader:
             window = self._shards[shard][offset : offset + T + 1]
             rows[0, row] = window[:-1]
             rows[1, row] = window[1:]
+
+    def rebatch(self, batch_size: int) -> None:
+        """Serve the stream from here in smaller batches (the Trainer's out-of-memory backoff).
+
+        `batch_size` must divide the current B: with k = B / batch_size, batch n becomes batch n·k.
+        Sequential: the round in progress keeps its first token, and this rank's window moves to
+        rank × batch_size × T inside it; random: the windows are those batch n·k draws. Either way
+        the loader stands where one that always served `batch_size` would stand after the same
+        sequences, so the rest of the stream is its stream (sequential: as long as no shard end lay
+        behind, where a smaller round can fit in the tail a larger one skipped).
+        """
+        old = self.config.batch_size
+        if batch_size < 1 or old % batch_size:
+            raise GptlabError(f"batches of {old} can be split into batches of a divisor of {old}, not {batch_size}")
+        round_start = self._position - self._round_offset()
+        self.config = replace(self.config, batch_size=batch_size)
+        self._step *= old // batch_size
+        if self.config.mode == "sequential":
+            self._position = round_start + self._round_offset()
 
     # ------------------------------------------------------------ resume
 

@@ -9,7 +9,7 @@ V' = padded vocab, T = seq_len, B = batch size.
     FLOPs      6N + 12 L d T per trained token (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT estimate_mfu),
                a sliding-window layer counting min(T, window) keys per query instead of T
     memory     parameters + gradients + optimizer moments + activations (Korthikanti et al. 2022)
-               + autocast weight copies + logits
+               + autocast weight copies + logits + the loss's gradients
 
 Not here: measuring anything (gptlab.train.metrics reports measured throughput).
 """
@@ -212,10 +212,13 @@ def training_memory(
         weight_casts N x amp bytes when amp is narrower than the parameters: autocast's 16-bit copy
                      of every matmul weight (N as in flops_per_token), kept until its backward
         logits       B T V x 4: the fp32 log-softmax the loss keeps for backward
+        logit_grads  2 B T V x 4: at the start of backward, cross-entropy's gradient and log-softmax's
+                     (both fp32) are alive together with the saved log-softmax: the step's peak
 
-    Not counted: the CUDA context and allocator slack, temporaries such as the lm_head output and
-    the logits' gradient (another B T V' x 4 or so at the end of forward and the start of backward),
-    and the embedding activations.
+    Not counted: the CUDA context and allocator slack, the lm_head output while the caller holds the
+    logits, and the embedding activations. The total leans high: at the peak (backward's start) the
+    blocks' gradients are not made yet. Measured on CPU (live tensor bytes, gptlab.train.measure),
+    gpt2-mini and llama-mini peak at 85-100% of it (tests/train/test_measure.py).
     """
     seq_len = config.block_size if seq_len is None else seq_len
     if batch_size < 1 or seq_len < 1:
@@ -234,6 +237,7 @@ def training_memory(
         ),
         "weight_casts": flops_per_token(config, seq_len)["matmul_params"] * amp_bytes if amp_bytes < param_bytes else 0,
         "logits": batch_size * seq_len * config.vocab_size * 4,
+        "logit_grads": 2 * batch_size * seq_len * config.vocab_size * 4,
     }
     parts["total"] = sum(parts.values())
     return parts

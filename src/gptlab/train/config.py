@@ -26,7 +26,7 @@ class TrainConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # AdamW (--optimizer.*)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)  # the learning-rate schedule (--schedule.*)
     batch_tokens: int = 8192  # tokens per optimizer step, all ranks and micro-steps together
-    micro_batch: int = 16  # sequences per forward pass on each rank
+    micro_batch: int = 16  # sequences per forward pass on each rank (0: auto, the largest that fits the free memory)
     seq_len: int = 256  # tokens per sequence
     max_steps: int = 1000  # optimizer steps of the whole run
     grad_clip: float = 1.0  # clip the gradient norm to this (0: no clipping)
@@ -51,10 +51,10 @@ class TrainConfig:
     wandb: str = ""  # a project name turns Weights & Biases on
 
     def __post_init__(self) -> None:
-        for name in ("batch_tokens", "micro_batch", "seq_len", "max_steps", "eval_batches", "keep_last", "log_every"):
+        for name in ("batch_tokens", "seq_len", "max_steps", "eval_batches", "keep_last", "log_every"):
             if getattr(self, name) < 1:
                 raise GptlabError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("eval_every", "sample_every", "sample_tokens", "hellaswag_every", "hellaswag_limit", "checkpoint_every"):
+        for name in ("micro_batch", "eval_every", "sample_every", "sample_tokens", "hellaswag_every", "hellaswag_limit", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise GptlabError(f"{name} must be 0 or more, got {getattr(self, name)}")
         if self.loader_mode not in ("sequential", "random"):
@@ -64,8 +64,18 @@ class TrainConfig:
         if self.seq_len > self.model.block_size:
             raise GptlabError(f"seq_len {self.seq_len} is longer than the model's block_size {self.model.block_size}")
 
+    def sequences_per_rank(self, world_size: int) -> int:
+        """Sequences each rank trains on per optimizer step, all its micro-steps together."""
+        if self.batch_tokens % (self.seq_len * world_size):
+            raise GptlabError(f"batch of {self.batch_tokens:,} tokens does not divide by seq_len {self.seq_len} x "
+                              f"world {world_size} = {self.seq_len * world_size:,}; change --batch-tokens or --seq-len")
+        return self.batch_tokens // (self.seq_len * world_size)
+
     def accumulation_steps(self, world_size: int) -> int:
         """Micro-steps per optimizer step; the batch must divide exactly."""
+        if not self.micro_batch:
+            raise GptlabError("micro_batch 0 (auto: chosen from the free memory) is for gptlab train and sft; "
+                              "pass --micro-batch N")
         per_pass = self.micro_batch * self.seq_len * world_size
         if self.batch_tokens % per_pass:
             raise GptlabError(
@@ -94,6 +104,8 @@ def shakespeare_cpu() -> TrainConfig:
 def gpt2_124m_fineweb() -> TrainConfig:
     """GPT-2 (124M) on FineWeb-edu sample-10BT with the GPT-3 paper's small-model hyper-parameters.
 
+    The micro-batch is auto: 64 sequences per rank where they fit (an 80 GB GPU), fewer on smaller GPUs.
+
     `torchrun --nproc_per_node=8 -m gptlab.cli.main train --preset gpt2-124m-fineweb --data DIR`
     """
     return TrainConfig(
@@ -101,7 +113,7 @@ def gpt2_124m_fineweb() -> TrainConfig:
         optimizer=OptimizerConfig(lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, impl="fused"),
         schedule=ScheduleConfig(kind="cosine", warmup_steps=715, min_lr_ratio=0.1),
         batch_tokens=524_288,
-        micro_batch=64,
+        micro_batch=0,
         seq_len=1024,
         max_steps=19_073,
         precision="bf16",

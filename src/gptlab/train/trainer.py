@@ -26,6 +26,13 @@ the step, every rank's loader position and RNG states, so N steps straight
 equal k steps + resume + N - k steps, loss for loss. Metrics logged after the
 checkpoint a run resumes from are dropped, so logs and plots never mix runs.
 
+Memory (gptlab.train.fit): micro_batch 0 is resolved before anything is built
+to the largest micro-batch that fits the free memory. A step that runs out of
+CUDA memory in its micro-steps is retried at a smaller micro-batch from the same
+loader position and random state (accumulation grows; the step's batch does
+not), as if the run had started there. Checkpoints record the micro-batch in
+use, and a resumed run keeps it.
+
 Not here: the optimizer (gptlab.train.optim), the schedule (gptlab.train.schedule),
 checkpoint files (gptlab.train.checkpoint), val loss (gptlab.eval.loss).
 """
@@ -33,6 +40,7 @@ checkpoint files (gptlab.train.checkpoint), val loss (gptlab.eval.loss).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import math
 import time
@@ -52,7 +60,7 @@ from gptlab.model.accounting import PEAK_FLOPS, flops_per_token, peak_flops
 from gptlab.model.hf import load_pretrained_directory, pretrained_path, read_pretrained_config
 from gptlab.runtime import GptlabError, atomic_write_text
 from gptlab.runtime.config import field_defaults
-from gptlab.runtime.device import Runtime, autocast, init_runtime, resolve_precision, rng_state, seed_everything
+from gptlab.runtime.device import Runtime, autocast, init_runtime, resolve_precision, rng_state, seed_everything, set_rng_state
 from gptlab.runtime.rundir import claim_run_folder
 from gptlab.train.checkpoint import (
     checkpoint_dir,
@@ -66,15 +74,17 @@ from gptlab.train.checkpoint import (
     save_checkpoint,
 )
 from gptlab.train.config import TrainConfig
+from gptlab.train.fit import choose_micro_batch, free_memory, out_of_memory_error, smaller_micro_batch
 from gptlab.train.metrics import MetricsLog, console_line, plot_losses
 from gptlab.train.optim import build_optimizer
 from gptlab.train.schedule import learning_rate
 
 IGNORE = -100  # a target that does not count (the model's ignore_index)
 # What a run may change and still be the same run: how it is watched and where it runs, not what it computes.
+# micro_batch too: auto picks it per machine, and a run resumes at its checkpoint's (see _adopt_micro_batch).
 FREE_FIELDS = ("out", "log_every", "time_limit", "tensorboard", "wandb", "sample_every", "sample_tokens", "device",
                "compile", "eval_every", "eval_batches", "hellaswag_every", "hellaswag_path", "hellaswag_limit",
-               "checkpoint_every", "keep_last", "mfu_peak")
+               "checkpoint_every", "keep_last", "mfu_peak", "micro_batch")
 RUN_FILES = ("checkpoints", "metrics.jsonl", "loss.png", "train_config.json", "tensorboard", "wandb")
 
 
@@ -127,6 +137,7 @@ class Trainer:
         self.started = False  # True once the training loop has begun (fit)
         self.before_fn: Callable[[], object] | None = None  # measures the start (e.g. task accuracy), once the folder is ours
         self.before: object = None  # ... and what it measured
+        self.fit_note = ""  # how the micro-batch was chosen, for the announcement
         self.config = self._check_before_compute(config)
 
     # ------------------------------------------------------------ set-up
@@ -153,8 +164,9 @@ class Trainer:
         if vocab < config.model.vocab_size:
             self.print(f"note: the model has {config.model.vocab_size:,} ids, the data's tokenizer {vocab:,}; "
                        "the extra rows are never trained, and sampling draws only the tokenizer's ids")
-        self.accum = config.accumulation_steps(self.runtime.world_size)
         self.precision = resolve_precision(config.precision, self.runtime.device)
+        config = self._fit_micro_batch(config)
+        self.accum = config.accumulation_steps(self.runtime.world_size)
         return self._shorten_warmup(config)
 
     def _check_init(self, config: TrainConfig) -> None:
@@ -264,6 +276,7 @@ class Trainer:
             saved = load_checkpoint(path, self.model, self.optimizer, scaler=self.scaler, device=self.runtime.device,
                                     rank=self.runtime.rank)
             self._check_same_run(saved)
+            self._adopt_micro_batch(saved)
             state = TrainState(step=saved["step"], tokens=saved["tokens"], best_val=saved.get("best_val_loss"),
                                elapsed_before=saved.get("elapsed", 0.0), finished=saved.get("finished", False))
             self.train_loader.load_state_dict(saved["loader"][self.runtime.rank])
@@ -312,11 +325,8 @@ class Trainer:
             checkpoint = self._save(None)
             self.metrics.close()
             return self._result("interrupted", checkpoint)
-        except torch.OutOfMemoryError:
-            raise GptlabError(
-                f"out of GPU memory with micro_batch {self.config.micro_batch} x seq_len {self.config.seq_len}: "
-                f"try --micro-batch {max(1, self.config.micro_batch // 2)} (the step's batch stays the same; accumulation grows)"
-            ) from None
+        except torch.OutOfMemoryError:  # outside the micro-steps (optimizer, evaluation), or under torchrun
+            raise out_of_memory_error(self.config.micro_batch, self.config.seq_len) from None
         return self._finish(status)
 
     def _train_step(self) -> None:
@@ -326,15 +336,7 @@ class Trainer:
         lr = learning_rate(state.step, config.optimizer.lr, config.max_steps, config.schedule, self.spent)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_ratio", 1.0)  # Muon's matrices have a peak of their own
-        loss_sum = torch.zeros((), device=device)
-        batches, weights = self._step_batches()
-        for micro, ((x, y, kwargs), weight) in enumerate(zip(batches, weights)):
-            last = micro == self.accum - 1
-            sync = self.wrapped.no_sync() if self.runtime.distributed and not last else nullcontext()
-            with sync:
-                loss = self._micro_loss(x, y, kwargs, weight)
-                loss_sum += loss.detach()
-                self.scaler.scale(loss).backward()
+        loss_sum = self._accumulate()
         if self.runtime.distributed:
             torch.distributed.all_reduce(loss_sum, op=torch.distributed.ReduceOp.AVG)
         loss_value = loss_sum.item()
@@ -354,6 +356,19 @@ class Trainer:
         state.tokens += self._step_tokens()
         state.losses.append(loss_value)
         self._log_step(loss_value, lr, float(norm), time.perf_counter() - step_start)
+
+    def _micro_steps(self) -> torch.Tensor:
+        """Forward and backward of the step's micro-batches, gradients accumulating; their losses summed."""
+        loss_sum = torch.zeros((), device=self.runtime.device)
+        batches, weights = self._step_batches()
+        for micro, ((x, y, kwargs), weight) in enumerate(zip(batches, weights)):
+            last = micro == self.accum - 1
+            sync = self.wrapped.no_sync() if self.runtime.distributed and not last else nullcontext()
+            with sync:
+                loss = self._micro_loss(x, y, kwargs, weight)
+                loss_sum += loss.detach()
+                self.scaler.scale(loss).backward()
+        return loss_sum
 
     def _micro_loss(self, x: torch.Tensor, y: torch.Tensor, kwargs: dict, weight: float | None) -> torch.Tensor:
         """One micro-batch's share of the step's loss, ready for backward (subclasses: DPO, GRPO)."""
@@ -458,6 +473,76 @@ class Trainer:
             checkpoint=checkpoint, seconds=time.perf_counter() - self.start_time, status=status, losses=state.losses,
         )
 
+    # ------------------------------------------------------------ fitting the memory (gptlab.train.fit)
+
+    def _fit_micro_batch(self, config: TrainConfig) -> TrainConfig:
+        """micro_batch 0 (auto): the largest that divides the step's sequences and fits the free memory."""
+        if config.micro_batch:
+            return config
+        device = self.runtime.device
+        free = free_memory(device)
+        if self.runtime.distributed:  # every rank must choose the same: the tightest one decides
+            least = torch.tensor([free], dtype=torch.int64, device=device)
+            torch.distributed.all_reduce(least, op=torch.distributed.ReduceOp.MIN)
+            free = int(least.item())
+        choice = choose_micro_batch(config.model, config.sequences_per_rank(self.runtime.world_size), config.seq_len,
+                                    free=free, precision=self.precision, device=device)
+        self.fit_note = choice.describe()
+        return dataclasses.replace(config, micro_batch=choice.micro_batch)
+
+    def _adopt_micro_batch(self, saved: dict) -> None:
+        """Resume at the checkpoint's micro-batch (auto's pick there, or where a backoff left it): the saved
+        loader state counts batches of that size, and the same batches keep the run the same computation."""
+        micro_batch = saved.get("config", {}).get("micro_batch")
+        if not micro_batch or micro_batch == self.config.micro_batch:
+            return
+        self.fit_note = (f"micro-batch {micro_batch} as in the checkpoint (not {self.config.micro_batch}): "
+                         "a resumed run keeps its batches")
+        self._set_micro_batch(micro_batch)
+        self.train_loader = self._loader("train")
+
+    def _set_micro_batch(self, micro_batch: int) -> None:
+        """A new micro-batch for the run from here: accumulation, val batches and the saved config follow."""
+        self.config = dataclasses.replace(self.config, micro_batch=micro_batch)
+        self.accum = self.config.accumulation_steps(self.runtime.world_size)
+        if self.val_loader is not None:
+            self.val_loader = self._loader("val")
+        if self.runtime.is_main:
+            atomic_write_text(Path(self.config.out) / "train_config.json", json.dumps(dataclasses.asdict(self.config), indent=1) + "\n")
+
+    def _accumulate(self) -> torch.Tensor:
+        """The step's micro-steps; after CUDA runs out of memory, the same step again at a smaller micro-batch,
+        from the same place in the data and the same random state: as if the run had started at that size."""
+        while True:
+            before = (self.train_loader.state_dict(), rng_state()) if self._can_back_off() else None
+            try:
+                return self._micro_steps()
+            except torch.OutOfMemoryError:
+                pass  # recovered below, outside the handler, whose traceback holds the failed pass's tensors
+            self._back_off(before)
+
+    def _can_back_off(self) -> bool:
+        """Ranks under torchrun cannot retry together (the others wait in all-reduce), and the loader must re-batch."""
+        return not self.runtime.distributed and hasattr(self.train_loader, "rebatch")
+
+    def _back_off(self, before: tuple[dict, dict] | None) -> None:
+        """Free the failed pass, then the next smaller micro-batch: accumulation grows, the step's batch stays."""
+        smaller = smaller_micro_batch(self.config.micro_batch)
+        if before is None or not smaller:
+            raise out_of_memory_error(self.config.micro_batch, self.config.seq_len)
+        self.optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        if self.runtime.device.type == "cuda":
+            torch.cuda.empty_cache()
+        loader_state, rngs = before
+        self.train_loader.load_state_dict(loader_state)
+        self.train_loader.rebatch(smaller)
+        set_rng_state(rngs)
+        larger = self.config.micro_batch
+        self._set_micro_batch(smaller)
+        self.print(f"out of memory at micro-batch {larger} (step {self.state.step}): retrying the step at micro-batch "
+                   f"{smaller} x {self.accum} accumulation steps, the same batch")
+
     # ------------------------------------------------------------ helpers
 
     def _announce(self) -> None:
@@ -471,6 +556,8 @@ class Trainer:
             f"{config.batch_tokens:,} tokens/step = {self.accum} x {config.micro_batch} x {config.seq_len}"
             f"{f' x {runtime.world_size}' if runtime.distributed else ''}, steps {self.state.step}..{config.max_steps}"
         )
+        if self.fit_note:
+            self.print(self.fit_note)
 
     def _evaluate(self) -> None:
         if self.val_loader is None:
@@ -506,7 +593,7 @@ class Trainer:
     def _check_same_run(self, saved: dict) -> None:
         """Resuming with a different model, batch or data would silently be a different run."""
         old, current = saved.get("config", {}), dataclasses.asdict(self.config)
-        keys = ("model", "batch_tokens", "micro_batch", "seq_len", "loader_mode", "seed")
+        keys = ("model", "batch_tokens", "seq_len", "loader_mode", "seed")  # micro_batch: the checkpoint's is adopted
         changed = [key for key in keys if old.get(key) != current.get(key)]
         if changed:
             raise GptlabError(f"{self.config.out} holds checkpoints of a run with other settings ({', '.join(changed)}); "
