@@ -50,6 +50,10 @@ from gptlab.eval.loss import evaluate_loss, load_token_bytes
 from gptlab.model import GPT
 from gptlab.model.accounting import PEAK_FLOPS, flops_per_token, peak_flops
 from gptlab.model.hf import load_pretrained_directory, pretrained_path, read_pretrained_config
+from gptlab.runs import append_sample, describe_machine, truncate_samples, write_machine, write_report
+from gptlab.runs.machine import MACHINE_FILE
+from gptlab.runs.report import REPORT_FILE
+from gptlab.runs.samples import SAMPLES_FILE
 from gptlab.runtime import GptlabError, atomic_write_text
 from gptlab.runtime.device import Runtime, autocast, init_runtime, resolve_precision, rng_state, seed_everything
 from gptlab.runtime.rundir import claim_run_folder
@@ -71,10 +75,11 @@ from gptlab.train.schedule import learning_rate
 
 IGNORE = -100  # a target that does not count (the model's ignore_index)
 # What a run may change and still be the same run: how it is watched and where it runs, not what it computes.
-FREE_FIELDS = ("out", "log_every", "time_limit", "tensorboard", "wandb", "sample_every", "sample_tokens", "device",
+FREE_FIELDS = ("out", "log_every", "time_limit", "tensorboard", "wandb", "trackio", "sample_every", "sample_tokens", "device",
                "compile", "eval_every", "eval_batches", "hellaswag_every", "hellaswag_path", "hellaswag_limit",
                "checkpoint_every", "keep_last", "mfu_peak")
-RUN_FILES = ("checkpoints", "metrics.jsonl", "loss.png", "train_config.json", "tensorboard", "wandb")
+RUN_FILES = ("checkpoints", "metrics.jsonl", "loss.png", "train_config.json", "tensorboard", "wandb",
+             MACHINE_FILE, SAMPLES_FILE, REPORT_FILE)
 
 
 @dataclass
@@ -226,7 +231,8 @@ class Trainer:
         self.token_bytes = self._token_bytes() if self.val_loader is not None else None
         self.wrapped = self._wrap(self.model)
         self.cast = autocast(device, self.precision)
-        self.metrics = MetricsLog(config.out, self.runtime.is_main, config.tensorboard, config.wandb, dataclasses.asdict(config))
+        self.metrics = MetricsLog(config.out, self.runtime.is_main, config.tensorboard, config.wandb, dataclasses.asdict(config),
+                                  trackio_project=config.trackio)
 
     def _make_model(self) -> GPT:
         """The model to train: random, or the --init-from weights."""
@@ -268,6 +274,7 @@ class Trainer:
             self.print(f"resumed from {path} at step {state.step}")
         if self.runtime.is_main:
             self.metrics.truncate_after(state.step)
+            truncate_samples(self.config.out, state.step)
             forget_after(self.config.out, state.step)
         return state
 
@@ -291,6 +298,7 @@ class Trainer:
             self.metrics.close()
             return self._result("already finished", resume_from)
         self._announce()
+        self._write_machine()
         self.model.train()
         self.started = True  # from here on the run's work is worth keeping, whatever happens
         status = "finished"
@@ -305,6 +313,7 @@ class Trainer:
         except KeyboardInterrupt:
             self.print(f"interrupted at step {self.state.step}: saving a checkpoint")
             checkpoint = self._save(None)
+            self._write_report()
             self.metrics.close()
             return self._result("interrupted", checkpoint)
         except torch.OutOfMemoryError:
@@ -391,7 +400,7 @@ class Trainer:
         rate = self._step_tokens() / seconds
         elapsed = time.perf_counter() - self.start_time
         record = {"step": state.step, "loss": loss, "lr": lr, "grad_norm": norm, "tokens": state.tokens,
-                  "tokens_per_s": rate, "mfu": _mfu(self.flops, rate, self.peak), "elapsed": elapsed,
+                  "tokens_per_s": rate, "mfu": _mfu(self.flops, rate, self.peak), "elapsed": state.elapsed_before + elapsed,
                   **self._step_metrics()}
         self.metrics.log(record)
         done = len(state.losses)
@@ -410,6 +419,7 @@ class Trainer:
             self._sample()
         if config.checkpoint_every and step % config.checkpoint_every == 0 and before_end:
             self._save(self.state.val["loss"] if self.state.val else None)
+            self._write_report()
 
     def _out_of_time(self) -> bool:
         """Past --time-limit? Under DDP the ranks agree (any rank over the limit stops all), so none waits forever."""
@@ -432,6 +442,7 @@ class Trainer:
             plot = plot_losses(self.metrics.records(), Path(self.config.out) / "loss.png")
             if plot:
                 self.print(f"loss plot -> {plot}")
+        self._write_report(announce=True)
         self.metrics.close()
         return self._result(status, checkpoint)
 
@@ -506,6 +517,25 @@ class Trainer:
         torch.distributed.all_gather_object(values, value)
         return values
 
+    def _write_machine(self) -> None:
+        """OUT/machine.json, as training begins (rank 0): what the report says the run ran on."""
+        if self.runtime.is_main:
+            runtime = self.runtime
+            write_machine(self.config.out, describe_machine(runtime.device, precision=self.precision, world_size=runtime.world_size,
+                                                            compile=self.config.compile, start_step=self.state.step))
+
+    def _write_report(self, announce: bool = False) -> None:
+        """Refresh OUT/report.html (rank 0). A report that cannot be written costs a warning, never the run."""
+        if not self.runtime.is_main:
+            return
+        try:
+            path = write_report(self.config.out)
+        except Exception as error:  # the run's checkpoints and metrics are safe; `gptlab runs report` can redo it
+            self.print(f"warning: {Path(self.config.out) / REPORT_FILE} not written: {type(error).__name__}: {error}")
+            return
+        if announce:
+            self.print(f"report -> {path}")
+
     def _run_tasks(self) -> None:
         """Benchmarks on the plain module, every rank taking its share (the task all-reduces its counts)."""
         was_training = self.model.training
@@ -521,7 +551,9 @@ class Trainer:
             return
         was_training = self.model.training
         self.model.eval()
-        self.print("sample: " + self.sample_fn(self.model, self.tokenizer))
+        text = self.sample_fn(self.model, self.tokenizer)
+        self.print("sample: " + text)
+        append_sample(self.config.out, self.state.step, text)
         if was_training:
             self.model.train()
 
