@@ -7,6 +7,7 @@ import platform
 import re
 import shutil
 
+import pytest
 import torch
 
 from gptlab.runs import load_run, write_report
@@ -133,3 +134,23 @@ def test_write_report_rewrites_the_page_from_the_runs_files(two_runs, tmp_path):
     assert write_report(folder) == folder / REPORT_FILE
     assert "added later" in Page((folder / REPORT_FILE).read_text()).pres
     assert load_run(folder).samples[-1]["text"] == "added later"
+
+
+@pytest.mark.parametrize("share, refreshed", [(1e9, True), (1e-9, False)])
+def test_a_checkpoint_refreshes_the_report_only_while_that_is_cheap(prepared, tmp_path, monkeypatch, share, refreshed):
+    """What the last sample (after the last checkpoint, before the final report) finds: step 3's report, or none yet."""
+    import gptlab.train.trainer
+
+    monkeypatch.setattr(gptlab.train.trainer, "REPORT_SHARE", share)  # 1e9: every refresh is cheap enough; 1e-9: none is
+    out = tmp_path / "run"
+    found = []
+
+    def sample(model, tokenizer):
+        found.append((out / REPORT_FILE).read_text() if (out / REPORT_FILE).exists() else None)
+        return "text"
+
+    Trainer(tiny_config(prepared, out, max_steps=6, checkpoint_every=3), sample_fn=sample, log=lambda *_: None).fit()
+    assert len(found) == 1 and (found[0] is not None) == refreshed
+    if refreshed:
+        assert "step 3 of 6" in found[0]
+    assert "step 6 of 6" in (out / REPORT_FILE).read_text()

@@ -85,10 +85,12 @@ class RunRecord:
         self.check_axis(x)
         if x == "step":
             return list(steps)
+        import numpy as np
+
         key = "elapsed" if x == "time" else "tokens"
         known = [(0, 0.0)] + [(r["step"], r[key]) for r in self.train if r.get(key) is not None]
-        values = [_interpolate(known, step) for step in steps]
-        return [value * self.flops_per_token() for value in values] if x == "flops" else values
+        values = np.interp(steps, [step for step, _ in known], [value for _, value in known])  # flat past the last
+        return (values * self.flops_per_token() if x == "flops" else values).tolist()
 
     def series(self, key: str, x: str = "step") -> tuple[list[float], list[float]]:
         """(xs, ys) of every record that logged `key` as a finite number."""
@@ -116,14 +118,6 @@ class RunRecord:
 
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _interpolate(known: list[tuple[float, float]], step: float) -> float:
-    """Linear interpolation over (step, value) pairs sorted by step, held flat past the last one."""
-    for (step_a, a), (step_b, b) in zip(known, known[1:]):
-        if step_a <= step <= step_b:
-            return a if step_b == step_a else a + (b - a) * (step - step_a) / (step_b - step_a)
-    return known[-1][1]
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -1,7 +1,8 @@
 """Run metrics: a JSONL log, the console line, optional TensorBoard / trackio / Weights & Biases, and a loss plot.
 
     OUT/metrics.jsonl   one JSON object per logged step: {"step", "loss", "lr", "grad_norm", "tokens",
-                        "tokens_per_s", "mfu", "elapsed"} and, at evaluations, {"val_loss", "val_bpb"}
+                        "tokens_per_s", "mfu", "elapsed"} and, at evaluations, {"val_loss", "val_bpb"};
+                        elapsed: seconds of training so far, resumed runs counting on from their checkpoint
     OUT/loss.png        train and val loss against step, drawn at the end
     OUT/tensorboard/    TensorBoard event files (--tensorboard): each number of a record as a scalar at its step
     trackio             the same scalars in trackio's local store ($TRACKIO_DIR, default ~/.cache/huggingface/trackio),

@@ -25,6 +25,8 @@ Resume is exact: a checkpoint holds weights, optimizer and GradScaler state,
 the step, every rank's loader position and RNG states, so N steps straight
 equal k steps + resume + N - k steps, loss for loss. Metrics logged after the
 checkpoint a run resumes from are dropped, so logs and plots never mix runs.
+Rank 0 also writes what the run's report reads (gptlab.runs): OUT/machine.json as training begins,
+OUT/samples.jsonl as it samples, and OUT/report.html at the end and at checkpoints (while that stays cheap).
 
 Not here: the optimizer (gptlab.train.optim), the schedule (gptlab.train.schedule),
 checkpoint files (gptlab.train.checkpoint), val loss (gptlab.eval.loss).
@@ -78,6 +80,8 @@ IGNORE = -100  # a target that does not count (the model's ignore_index)
 FREE_FIELDS = ("out", "log_every", "time_limit", "tensorboard", "wandb", "trackio", "sample_every", "sample_tokens", "device",
                "compile", "eval_every", "eval_batches", "hellaswag_every", "hellaswag_path", "hellaswag_limit",
                "checkpoint_every", "keep_last", "mfu_peak")
+# A checkpoint refreshes the report only while that costs under this share of the training time since the last one.
+REPORT_SHARE = 0.05
 RUN_FILES = ("checkpoints", "metrics.jsonl", "loss.png", "train_config.json", "tensorboard", "wandb",
              MACHINE_FILE, SAMPLES_FILE, REPORT_FILE)
 
@@ -293,6 +297,7 @@ class Trainer:
         if self.before_fn is not None:  # after the folder is claimed: a refused --out costs no compute
             self.before = self.before_fn()
         self.start_time = time.perf_counter()
+        self.report_at, self.report_seconds = self.start_time, 1.0  # when the report was last written, and its cost (a guess)
         if self.state.finished and self.state.step >= self.config.max_steps:
             self.print(f"{self.config.out} already finished its {self.state.step} steps; nothing to train")
             self.metrics.close()
@@ -419,7 +424,7 @@ class Trainer:
             self._sample()
         if config.checkpoint_every and step % config.checkpoint_every == 0 and before_end:
             self._save(self.state.val["loss"] if self.state.val else None)
-            self._write_report()
+            self._refresh_report()
 
     def _out_of_time(self) -> bool:
         """Past --time-limit? Under DDP the ranks agree (any rank over the limit stops all), so none waits forever."""
@@ -524,15 +529,24 @@ class Trainer:
             write_machine(self.config.out, describe_machine(runtime.device, precision=self.precision, world_size=runtime.world_size,
                                                             compile=self.config.compile, start_step=self.state.step))
 
+    def _refresh_report(self) -> None:
+        """At a checkpoint: rewrite the report, unless that would cost more than REPORT_SHARE of the time since the last
+        (drawing takes about a second: a long run's checkpoints all refresh it, a run of seconds waits for its end)."""
+        if time.perf_counter() - self.report_at >= self.report_seconds / REPORT_SHARE:
+            self._write_report()
+
     def _write_report(self, announce: bool = False) -> None:
-        """Refresh OUT/report.html (rank 0). A report that cannot be written costs a warning, never the run."""
+        """Write OUT/report.html (rank 0). A report that cannot be written costs a warning, never the run."""
         if not self.runtime.is_main:
             return
+        start = time.perf_counter()
         try:
             path = write_report(self.config.out)
         except Exception as error:  # the run's checkpoints and metrics are safe; `gptlab runs report` can redo it
             self.print(f"warning: {Path(self.config.out) / REPORT_FILE} not written: {type(error).__name__}: {error}")
             return
+        self.report_at = time.perf_counter()
+        self.report_seconds = self.report_at - start
         if announce:
             self.print(f"report -> {path}")
 
