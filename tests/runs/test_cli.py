@@ -59,6 +59,15 @@ def test_runs_commands_refuse_bad_input_in_one_line(two_runs, tmp_path, capsys, 
     assert not (tmp_path / "table.txt").exists()
 
 
+def test_runs_report_never_replaces_a_page_it_did_not_write(two_runs, tmp_path, capsys):
+    folder = tmp_path / "run"
+    shutil.copytree(two_runs["short"][0], folder)
+    (folder / REPORT_FILE).write_text("<html>my own notes</html>")
+    assert main(["runs", "report", str(folder)]) == 1
+    assert f"{folder / REPORT_FILE} exists and was not written by gptlab" in error_line(capsys)
+    assert (folder / REPORT_FILE).read_text() == "<html>my own notes</html>"
+
+
 def test_runs_compare_rejects_an_unknown_axis_as_usage(two_runs, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["runs", "compare", str(two_runs["short"][0]), "--x", "epochs"])

@@ -154,3 +154,24 @@ def test_a_checkpoint_refreshes_the_report_only_while_that_is_cheap(prepared, tm
     if refreshed:
         assert "step 3 of 6" in found[0]
     assert "step 6 of 6" in (out / REPORT_FILE).read_text()
+
+
+def test_dpo_and_grpo_runs_get_a_report_with_their_own_figures(chat_model, tmp_path):
+    """The align trainers subclass the Trainer: their reports carry their stage's figures (and no write failed)."""
+    from gptlab.align.dpo import run_dpo
+    from gptlab.align.grpo import run_grpo
+
+    from ..align.test_dpo import dpo_config
+    from ..align.test_grpo import grpo_config
+
+    lines = []
+    run_dpo(dpo_config(chat_model, tmp_path / "dpo", max_steps=2), log=lines.append)
+    run_grpo(grpo_config(chat_model, tmp_path / "grpo", max_steps=1), log=lines.append)
+    assert not [line for line in lines if "not written" in line]
+    dpo = Page((tmp_path / "dpo" / REPORT_FILE).read_text())
+    assert dpo.tables["Evaluations"][0] == ["step", "tokens", "val_loss", "val_margin", "val_accuracy", "val_preference_accuracy"]
+    grpo = [r for r in metrics(tmp_path / "grpo") if "loss" in r]
+    extra = sorted(set(grpo[0]) - {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu", "elapsed"})
+    alts = [attrs["alt"] for tag, attrs in Page((tmp_path / "grpo" / REPORT_FILE).read_text()).tags if tag == "img"]
+    drawn = next(alt for alt in alts if alt.startswith("other logged figures: ")).removeprefix("other logged figures: ").split(", ")
+    assert extra and set(extra) <= set(drawn)  # the stage's own step figures (rewards, clipped fraction, ...) each get a panel

@@ -6,7 +6,8 @@ a stage's own, benchmark scores); the evaluations table and its final figures; t
 the machine (OUT/machine.json); the config (OUT/train_config.json). Every string is HTML-escaped.
 
 Rewritten whole and atomically from the run's files, so the Trainer can refresh it at each checkpoint
-and `gptlab runs report RUN` can redo it at any time.
+and `gptlab runs report RUN` can redo it at any time. A report.html without our generator tag is someone
+else's file: refused, never replaced.
 Not here: reading the run (gptlab.runs.record), the figures' formats (gptlab.runs.compare).
 """
 
@@ -21,9 +22,10 @@ from pathlib import Path
 from gptlab.runs.compare import summary_rows
 from gptlab.runs.plots import LABELS, draw, nothing_logged, png_bytes, subplots
 from gptlab.runs.record import AXES, RunRecord, load_run
-from gptlab.runtime import atomic_write_text
+from gptlab.runtime import GptlabError, atomic_write_text
 
 REPORT_FILE = "report.html"
+GENERATOR = '<meta name="generator" content="gptlab runs report">'  # how a later write knows the page is ours
 CURVES = ("loss", "val_bpb")  # drawn against every axis; with val loss beside the train loss
 STANDARD = {"step", "loss", "tokens", "tokens_per_s", "mfu", "elapsed", "val_loss", "val_bpb"}  # drawn elsewhere
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;padding:0 1em;color:#222}
@@ -33,9 +35,11 @@ th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}pre{backgrou
 
 
 def write_report(run_dir: str | os.PathLike) -> Path:
-    """(Re)write RUN/report.html from the run's files; returns its path."""
+    """(Re)write RUN/report.html from the run's files; returns its path. A report.html we did not write is refused."""
     run = load_run(run_dir, name=Path(run_dir).name or str(run_dir))
     path = Path(run_dir) / REPORT_FILE
+    if path.exists() and (not path.is_file() or GENERATOR not in path.read_text(encoding="utf-8", errors="replace")[:2000]):
+        raise GptlabError(f"{path} exists and was not written by gptlab; move it away to write the run's report there")
     atomic_write_text(path, render_report(run))
     return path
 
@@ -44,7 +48,7 @@ def render_report(run: RunRecord) -> str:
     sections = [_heading(run), _summary(run), _curves(run), _throughput(run), _others(run), _evaluations(run),
                 _samples(run), _key_values("Machine", run.machine, f"no machine.json in {run.path}"),
                 _key_values("Config", _flatten(run.config) if run.config else None, f"no train_config.json in {run.path}")]
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{escape(run.name)}: gptlab run report</title>"
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">{GENERATOR}<title>{escape(run.name)}: gptlab run report</title>"
             f"<style>{STYLE}</style></head>\n<body>\n" + "\n".join(sections) + "\n</body></html>\n")
 
 
