@@ -17,7 +17,7 @@ import os
 import struct
 from pathlib import Path
 
-from gptlab.runs.plots import draw, nothing_logged, png_bytes, subplots
+from gptlab.runs.plots import draw, nothing_logged, png_bytes, subplots, zoom_past_start
 from gptlab.runs.record import AXES, RunRecord, load_run
 from gptlab.runtime import GptlabError, atomic_write_bytes
 
@@ -107,7 +107,8 @@ def plot_comparison(runs: list[RunRecord], x: str) -> bytes:
     """Train loss and val bits per byte of every run against `x`, side by side."""
     figure, axes = subplots(1, 2, width=6.0, height=4.0)
     for axis, key, marker in ((axes[0][0], "loss", "-"), (axes[0][1], "val_bpb", "o-")):
-        if draw(axis, runs, key, x, marker=marker):
+        if drawn := draw(axis, runs, key, x, marker=marker):
+            zoom_past_start(axis, drawn)
             axis.legend(fontsize=8)
         else:
             nothing_logged(axis, f"no {'val bits per byte' if key == 'val_bpb' else 'train loss'} logged")

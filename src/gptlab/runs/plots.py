@@ -56,20 +56,32 @@ def _time_scale(runs: list[RunRecord]) -> tuple[float, str]:
     return next((divide, unit) for start, divide, unit in TIME_UNITS if longest >= start)
 
 
-def draw(axis, runs: list[RunRecord], key: str, x: str = "step", *, label: str | None = None, marker: str = "") -> bool:
-    """Each run's `key` against `x` on `axis`, labelled by run (or `label` for one run); False if none logged it."""
+def draw(axis, runs: list[RunRecord], key: str, x: str = "step", *, label: str | None = None, marker: str = "") -> list[tuple]:
+    """Each run's `key` against `x` on `axis`, labelled by run (or `label` for one run); the (xs, ys) drawn ([] if none)."""
     divide, unit = _time_scale(runs) if x == "time" else (1, "")
-    drawn = False
+    drawn = []
     for run in runs:
         xs, ys = run.series(key, x)
         if ys:
             xs = [value / divide for value in xs]
             axis.plot(xs, ys, marker, label=label or run.name, linewidth=1.2, markersize=4)
-            drawn = True
+            drawn.append((xs, ys))
     axis.set_xlabel(AXIS_LABELS[x] + (f" ({unit})" if unit else ""))
     axis.set_ylabel(LABELS.get(key, key))
     axis.grid(alpha=0.3)
     return drawn
+
+
+def zoom_past_start(axis, drawn: list[tuple]) -> None:
+    """Scale y to the curves past the first tenth of x: a loss falls from ~ln(vocab) so fast that its start
+    would flatten everything after it. Only for curves of 20+ points, whose first tenth is a start."""
+    if not drawn or sum(len(ys) for _, ys in drawn) < 20:
+        return
+    start, end = min(xs[0] for xs, _ in drawn), max(xs[-1] for xs, _ in drawn)
+    later = [y for xs, ys in drawn for x, y in zip(xs, ys) if x >= start + 0.1 * (end - start)]
+    low, high = min(min(ys) for _, ys in drawn), max(later, default=None)
+    if high is not None and high > low:
+        axis.set_ylim(low - 0.05 * (high - low), high + 0.05 * (high - low))
 
 
 def nothing_logged(axis, why: str) -> None:

@@ -20,7 +20,7 @@ from html import escape
 from pathlib import Path
 
 from gptlab.runs.compare import summary_rows
-from gptlab.runs.plots import LABELS, draw, nothing_logged, png_bytes, subplots
+from gptlab.runs.plots import LABELS, draw, nothing_logged, png_bytes, subplots, zoom_past_start
 from gptlab.runs.record import AXES, RunRecord, load_run
 from gptlab.runtime import GptlabError, atomic_write_text
 
@@ -94,8 +94,10 @@ def _curves(run: RunRecord) -> str:
     axes_names = [x for x in AXES if x != "flops" or run.flops_per_token() is not None]
     figure, axes = subplots(len(axes_names), len(CURVES))
     for row, x in zip(axes, axes_names):
-        draw(row[0], [run], "loss", x, label="train")
-        if draw(row[0], [run], "val_loss", x, label="val", marker="o-"):
+        train = draw(row[0], [run], "loss", x, label="train")
+        val = draw(row[0], [run], "val_loss", x, label="val", marker="o-")
+        zoom_past_start(row[0], train + val)
+        if val:
             row[0].legend(fontsize=8)
         row[0].set_ylabel("loss")
         if not draw(row[1], [run], "val_bpb", x, label="val", marker="o-"):
