@@ -13,25 +13,9 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from gptlab.runs.machine import cpu_model, usable_cores  # the same description a run's machine.json gives
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (CPU affinity), as gptlab's default_workers counts them."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def package_version(name: str) -> str:

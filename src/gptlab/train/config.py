@@ -49,6 +49,7 @@ class TrainConfig:
     time_limit: float = 0.0  # seconds of training, all resumes together, after which to stop (0: none); the schedule follows the share spent
     tensorboard: bool = False  # also log to TensorBoard (OUT/tensorboard)
     wandb: str = ""  # a project name turns Weights & Biases on
+    trackio: str = ""  # a project name turns trackio on (local-first, W&B's API; stored under $TRACKIO_DIR)
 
     def __post_init__(self) -> None:
         for name in ("batch_tokens", "seq_len", "max_steps", "eval_batches", "keep_last", "log_every"):

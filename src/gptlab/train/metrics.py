@@ -1,8 +1,12 @@
-"""Run metrics: a JSONL log, the console line, optional TensorBoard / Weights & Biases, and a loss plot.
+"""Run metrics: a JSONL log, the console line, optional TensorBoard / trackio / Weights & Biases, and a loss plot.
 
     OUT/metrics.jsonl   one JSON object per logged step: {"step", "loss", "lr", "grad_norm", "tokens",
-                        "tokens_per_s", "mfu", "elapsed"} and, at evaluations, {"val_loss", "val_bpb"}
+                        "tokens_per_s", "mfu", "elapsed"} and, at evaluations, {"val_loss", "val_bpb"};
+                        elapsed: seconds of training so far, resumed runs counting on from their checkpoint
     OUT/loss.png        train and val loss against step, drawn at the end
+    OUT/tensorboard/    TensorBoard event files (--tensorboard): each number of a record as a scalar at its step
+    trackio             the same scalars in trackio's local store ($TRACKIO_DIR, default ~/.cache/huggingface/trackio),
+                        project --trackio NAME; `trackio show` opens its dashboard. W&B (--wandb) gets whole records.
 
 Only rank 0 writes. Not here: what is measured (gptlab.train.trainer).
 """
@@ -17,10 +21,11 @@ from gptlab.runtime import GptlabError, atomic_write
 
 
 class MetricsLog:
-    def __init__(self, out: str | os.PathLike, enabled: bool, tensorboard: bool = False, wandb_project: str = "", config: dict | None = None) -> None:
+    def __init__(self, out: str | os.PathLike, enabled: bool, tensorboard: bool = False, wandb_project: str = "", config: dict | None = None,
+                 trackio_project: str = "") -> None:
         self.path = Path(out) / "metrics.jsonl"
         self.enabled = enabled
-        self.tensorboard = self.wandb = None
+        self.tensorboard = self.wandb = self.trackio = None
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -36,6 +41,8 @@ class MetricsLog:
             except ImportError:
                 raise GptlabError("--wandb needs the wandb package: pip install wandb") from None
             self.wandb = wandb.init(project=wandb_project, config=config or {})
+        if trackio_project:
+            self.trackio = _start_trackio(trackio_project, config or {})
 
     def log(self, record: dict) -> None:
         if not self.enabled:
@@ -43,10 +50,12 @@ class MetricsLog:
         with open(self.path, "a") as handle:
             handle.write(json.dumps(record) + "\n")
         step = record.get("step", 0)
-        for key, value in record.items():
-            if key != "step" and isinstance(value, (int, float)):
-                if self.tensorboard is not None:
-                    self.tensorboard.add_scalar(key, value, step)
+        scalars = {key: value for key, value in record.items() if key != "step" and isinstance(value, (int, float))}
+        if self.tensorboard is not None:
+            for key, value in scalars.items():
+                self.tensorboard.add_scalar(key, value, step)
+        if self.trackio is not None:
+            self.trackio.log(scalars, step=step)
         if self.wandb is not None:
             self.wandb.log(record, step=step)
 
@@ -68,6 +77,19 @@ class MetricsLog:
             self.tensorboard.close()
         if self.wandb is not None:
             self.wandb.finish()
+        if self.trackio is not None:
+            self.trackio.finish()
+            self.trackio = None
+
+
+def _start_trackio(project: str, config: dict):
+    """trackio's module, with a run started in `project` (it speaks W&B's init / log / finish)."""
+    try:
+        import trackio
+    except ImportError:
+        raise GptlabError("--trackio needs the trackio package: pip install trackio") from None
+    trackio.init(project=project, config=config)
+    return trackio
 
 
 def plot_losses(records: list[dict], path: str | os.PathLike) -> Path | None:

@@ -25,6 +25,8 @@ Resume is exact: a checkpoint holds weights, optimizer and GradScaler state,
 the step, every rank's loader position and RNG states, so N steps straight
 equal k steps + resume + N - k steps, loss for loss. Metrics logged after the
 checkpoint a run resumes from are dropped, so logs and plots never mix runs.
+Rank 0 also writes what the run's report reads (gptlab.runs): OUT/machine.json as training begins,
+OUT/samples.jsonl as it samples, and OUT/report.html at the end and at checkpoints (while that stays cheap).
 
 Memory (gptlab.train.fit): micro_batch 0 is resolved before anything is built
 to the largest micro-batch that fits the free memory. A step that runs out of
@@ -58,6 +60,10 @@ from gptlab.eval.loss import evaluate_loss, load_token_bytes
 from gptlab.model import GPT
 from gptlab.model.accounting import PEAK_FLOPS, flops_per_token, peak_flops
 from gptlab.model.hf import load_pretrained_directory, pretrained_path, read_pretrained_config
+from gptlab.runs import append_sample, describe_machine, truncate_samples, write_machine, write_report
+from gptlab.runs.machine import MACHINE_FILE
+from gptlab.runs.report import REPORT_FILE
+from gptlab.runs.samples import SAMPLES_FILE
 from gptlab.runtime import GptlabError, atomic_write_text
 from gptlab.runtime.config import field_defaults
 from gptlab.runtime.device import Runtime, autocast, init_runtime, resolve_precision, rng_state, seed_everything, set_rng_state
@@ -82,10 +88,13 @@ from gptlab.train.schedule import learning_rate
 IGNORE = -100  # a target that does not count (the model's ignore_index)
 # What a run may change and still be the same run: how it is watched and where it runs, not what it computes.
 # micro_batch too: auto picks it per machine, and a run resumes at its checkpoint's (see _adopt_micro_batch).
-FREE_FIELDS = ("out", "log_every", "time_limit", "tensorboard", "wandb", "sample_every", "sample_tokens", "device",
+FREE_FIELDS = ("out", "log_every", "time_limit", "tensorboard", "wandb", "trackio", "sample_every", "sample_tokens", "device",
                "compile", "eval_every", "eval_batches", "hellaswag_every", "hellaswag_path", "hellaswag_limit",
                "checkpoint_every", "keep_last", "mfu_peak", "micro_batch")
-RUN_FILES = ("checkpoints", "metrics.jsonl", "loss.png", "train_config.json", "tensorboard", "wandb")
+# A checkpoint refreshes the report only while that costs under this share of the training time since the last one.
+REPORT_SHARE = 0.05
+RUN_FILES = ("checkpoints", "metrics.jsonl", "loss.png", "train_config.json", "tensorboard", "wandb",
+             MACHINE_FILE, SAMPLES_FILE, REPORT_FILE)
 
 
 @dataclass
@@ -240,7 +249,8 @@ class Trainer:
         self.token_bytes = self._token_bytes() if self.val_loader is not None else None
         self.wrapped = self._wrap(self.model)
         self.cast = autocast(device, self.precision)
-        self.metrics = MetricsLog(config.out, self.runtime.is_main, config.tensorboard, config.wandb, dataclasses.asdict(config))
+        self.metrics = MetricsLog(config.out, self.runtime.is_main, config.tensorboard, config.wandb, dataclasses.asdict(config),
+                                  trackio_project=config.trackio)
 
     def _make_model(self) -> GPT:
         """The model to train: random, or the --init-from weights."""
@@ -283,6 +293,7 @@ class Trainer:
             self.print(f"resumed from {path} at step {state.step}")
         if self.runtime.is_main:
             self.metrics.truncate_after(state.step)
+            truncate_samples(self.config.out, state.step)
             forget_after(self.config.out, state.step)
         return state
 
@@ -301,6 +312,7 @@ class Trainer:
         if self.before_fn is not None:  # after the folder is claimed: a refused --out costs no compute
             self.before = self.before_fn()
         self.start_time = time.perf_counter()
+        self.report_at, self.report_seconds = self.start_time, 1.0  # when the report was last written, and its cost (a guess)
         self.spent = self.state.elapsed_before / self.config.time_limit if self.config.time_limit else 0.0
         if self.state.finished and self.state.step >= self.config.max_steps or self.spent >= 1:
             budget = f"spent its time limit of {self.config.time_limit:g} s (pass a larger --time-limit to go on)"
@@ -309,6 +321,7 @@ class Trainer:
             self.metrics.close()
             return self._result("already finished", resume_from)
         self._announce()
+        self._write_machine()
         self.model.train()
         self.started = True  # from here on the run's work is worth keeping, whatever happens
         status = "finished"
@@ -323,6 +336,7 @@ class Trainer:
         except KeyboardInterrupt:
             self.print(f"interrupted at step {self.state.step}: saving a checkpoint")
             checkpoint = self._save(None)
+            self._write_report()
             self.metrics.close()
             return self._result("interrupted", checkpoint)
         except torch.OutOfMemoryError:  # outside the micro-steps (optimizer, evaluation), or under torchrun
@@ -411,7 +425,7 @@ class Trainer:
         rate = self._step_tokens() / seconds
         elapsed = time.perf_counter() - self.start_time
         record = {"step": state.step, "loss": loss, "lr": lr, "grad_norm": norm, "tokens": state.tokens,
-                  "tokens_per_s": rate, "mfu": _mfu(self.flops, rate, self.peak), "elapsed": elapsed,
+                  "tokens_per_s": rate, "mfu": _mfu(self.flops, rate, self.peak), "elapsed": state.elapsed_before + elapsed,
                   **self._step_metrics()}
         self.metrics.log(record)
         done = len(state.losses)
@@ -432,6 +446,7 @@ class Trainer:
             self._sample()
         if config.checkpoint_every and step % config.checkpoint_every == 0 and before_end:
             self._save(self.state.val["loss"] if self.state.val else None)
+            self._refresh_report()
 
     def _out_of_time(self) -> bool:
         """Past --time-limit? (The share spent also sets the next step's learning rate.)"""
@@ -462,6 +477,7 @@ class Trainer:
             plot = plot_losses(self.metrics.records(), Path(self.config.out) / "loss.png")
             if plot:
                 self.print(f"loss plot -> {plot}")
+        self._write_report(announce=True)
         self.metrics.close()
         return self._result(status, checkpoint)
 
@@ -608,6 +624,34 @@ class Trainer:
         torch.distributed.all_gather_object(values, value)
         return values
 
+    def _write_machine(self) -> None:
+        """OUT/machine.json, as training begins (rank 0): what the report says the run ran on."""
+        if self.runtime.is_main:
+            runtime = self.runtime
+            write_machine(self.config.out, describe_machine(runtime.device, precision=self.precision, world_size=runtime.world_size,
+                                                            compile=self.config.compile, start_step=self.state.step))
+
+    def _refresh_report(self) -> None:
+        """At a checkpoint: rewrite the report, unless that would cost more than REPORT_SHARE of the time since the last
+        (drawing takes about a second: a long run's checkpoints all refresh it, a run of seconds waits for its end)."""
+        if time.perf_counter() - self.report_at >= self.report_seconds / REPORT_SHARE:
+            self._write_report()
+
+    def _write_report(self, announce: bool = False) -> None:
+        """Write OUT/report.html (rank 0). A report that cannot be written costs a warning, never the run."""
+        if not self.runtime.is_main:
+            return
+        start = time.perf_counter()
+        try:
+            path = write_report(self.config.out)
+        except Exception as error:  # the run's checkpoints and metrics are safe; `gptlab runs report` can redo it
+            self.print(f"warning: {Path(self.config.out) / REPORT_FILE} not written: {type(error).__name__}: {error}")
+            return
+        self.report_at = time.perf_counter()
+        self.report_seconds = self.report_at - start
+        if announce:
+            self.print(f"report -> {path}")
+
     def _run_tasks(self) -> None:
         """Benchmarks on the plain module, every rank taking its share (the task all-reduces its counts)."""
         was_training = self.model.training
@@ -623,7 +667,9 @@ class Trainer:
             return
         was_training = self.model.training
         self.model.eval()
-        self.print("sample: " + self.sample_fn(self.model, self.tokenizer))
+        text = self.sample_fn(self.model, self.tokenizer)
+        self.print("sample: " + text)
+        append_sample(self.config.out, self.state.step, text)
         if was_training:
             self.model.train()
 

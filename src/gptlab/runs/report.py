@@ -1,0 +1,182 @@
+"""One run on one page: OUT/report.html, self-contained (inline styles and base64 PNG plots, nothing fetched).
+
+Sections, in order: the final figures; loss and val bits per byte against step, tokens, training time and
+training FLOPs; throughput and MFU over time; every other logged figure (learning rate, gradient norm,
+a stage's own, benchmark scores); the evaluations table and its final figures; the samples the run printed;
+the machine (OUT/machine.json); the config (OUT/train_config.json). Every string is HTML-escaped.
+
+Rewritten whole and atomically from the run's files, so the Trainer can refresh it at each checkpoint
+and `gptlab runs report RUN` can redo it at any time. A report.html without our generator tag is someone
+else's file: refused, never replaced.
+Not here: reading the run (gptlab.runs.record), the figures' formats (gptlab.runs.compare).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from html import escape
+from pathlib import Path
+
+from gptlab.runs.compare import summary_rows
+from gptlab.runs.plots import LABELS, draw, nothing_logged, png_bytes, subplots, zoom_past_start
+from gptlab.runs.record import AXES, RunRecord, load_run
+from gptlab.runtime import GptlabError, atomic_write_text
+
+REPORT_FILE = "report.html"
+GENERATOR = '<meta name="generator" content="gptlab runs report">'  # how a later write knows the page is ours
+CURVES = ("loss", "val_bpb")  # drawn against every axis; with val loss beside the train loss
+STANDARD = {"step", "loss", "tokens", "tokens_per_s", "mfu", "elapsed", "val_loss", "val_bpb"}  # drawn elsewhere
+STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.2em .6em;text-align:right}
+th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}pre{background:#f6f6f6;padding:.6em;white-space:pre-wrap}
+.fields td{text-align:left}img{max-width:100%}h2{border-bottom:1px solid #ddd;margin-top:1.6em}.note{color:#666}"""
+
+
+def write_report(run_dir: str | os.PathLike) -> Path:
+    """(Re)write RUN/report.html from the run's files; returns its path. A report.html we did not write is refused."""
+    run = load_run(run_dir, name=Path(run_dir).name or str(run_dir))
+    path = Path(run_dir) / REPORT_FILE
+    if path.exists() and (not path.is_file() or GENERATOR not in path.read_text(encoding="utf-8", errors="replace")[:2000]):
+        raise GptlabError(f"{path} exists and was not written by gptlab; move it away to write the run's report there")
+    atomic_write_text(path, render_report(run))
+    return path
+
+
+def render_report(run: RunRecord) -> str:
+    sections = [_heading(run), _summary(run), _curves(run), _throughput(run), _others(run), _evaluations(run),
+                _samples(run), _key_values("Machine", run.machine, f"no machine.json in {run.path}"),
+                _key_values("Config", _flatten(run.config) if run.config else None, f"no train_config.json in {run.path}")]
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">{GENERATOR}<title>{escape(run.name)}: gptlab run report</title>"
+            f"<style>{STYLE}</style></head>\n<body>\n" + "\n".join(sections) + "\n</body></html>\n")
+
+
+def table(headers: list[str], rows: list[list], css_class: str = "") -> str:
+    head = "".join(f"<th>{escape(str(cell))}</th>" for cell in headers)
+    body = "".join("<tr>" + "".join(f"<td>{escape(str(cell))}</td>" for cell in row) + "</tr>\n" for row in rows)
+    return f"<table{f' class={css_class!r}' if css_class else ''}><tr>{head}</tr>\n{body}</table>"
+
+
+def image(png: bytes, alt: str) -> str:
+    return f'<img alt="{escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
+
+
+def _note(text: str) -> str:
+    return f'<p class="note">{escape(text)}</p>'
+
+
+def _number(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}" if 0.01 <= abs(value) < 1e5 else f"{value:.4g}"
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+
+
+def _heading(run: RunRecord) -> str:
+    command = f"gptlab {run.command}" if run.command else "a training run"
+    max_steps = (run.config or {}).get("max_steps")
+    last = run.train[-1]["step"] if run.train else 0
+    progress = f"step {last:,} of {max_steps:,}" if isinstance(max_steps, int) else f"step {last:,}"
+    return (f"<h1>{escape(run.name)}</h1>\n<p>{escape(command)} in <code>{escape(str(run.path.resolve()))}</code>, "
+            f"{escape(progress)}.</p>")
+
+
+def _summary(run: RunRecord) -> str:
+    headers, rows = summary_rows([run])
+    summary = run.summary()
+    flops = f"training FLOPs so far {summary['flops']:.3g} (6N + 12 L d T per token)" if summary["flops"] else ""
+    return "<h2>Final figures</h2>\n" + table(headers[1:], [row[1:] for row in rows]) + (_note(flops) if flops else "")
+
+
+def _curves(run: RunRecord) -> str:
+    if not run.train:
+        return "<h2>Curves</h2>\n" + _note("nothing logged yet")
+    axes_names = [x for x in AXES if x != "flops" or run.flops_per_token() is not None]
+    figure, axes = subplots(len(axes_names), len(CURVES))
+    for row, x in zip(axes, axes_names):
+        train = draw(row[0], [run], "loss", x, label="train")
+        val = draw(row[0], [run], "val_loss", x, label="val", marker="o-")
+        zoom_past_start(row[0], train + val)
+        if val:
+            row[0].legend(fontsize=8)
+        row[0].set_ylabel("loss")
+        if not draw(row[1], [run], "val_bpb", x, label="val", marker="o-"):
+            nothing_logged(row[1], "no val bits per byte logged")
+    return "<h2>Curves</h2>\n" + image(png_bytes(figure), "loss and val bits per byte against " + ", ".join(axes_names))
+
+
+def _throughput(run: RunRecord) -> str:
+    if not run.train:
+        return ""
+    figure, axes = subplots(1, 2)
+    draw(axes[0][0], [run], "tokens_per_s", "time")
+    if not draw(axes[0][1], [run], "mfu", "time"):
+        nothing_logged(axes[0][1], "no MFU: no peak FLOP/s known\n(pass --mfu-peak NAME or a number)")
+    return "<h2>Throughput</h2>\n" + image(png_bytes(figure), "tokens per second and MFU over training time")
+
+
+def _others(run: RunRecord) -> str:
+    """Every other number the run logged, one small panel each against step."""
+    keys = list(dict.fromkeys(key for record in run.records for key, value in record.items()
+                              if key not in STANDARD and isinstance(value, (int, float)) and not isinstance(value, bool)))
+    if not keys:
+        return ""
+    columns = min(3, len(keys))
+    rows = -(-len(keys) // columns)
+    figure, axes = subplots(rows, columns, width=3.6, height=2.6)
+    panels = [axis for row in axes for axis in row]
+    for axis, key in zip(panels, keys):
+        evaluated = all("loss" not in record for record in run.records if key in record)
+        draw(axis, [run], key, "step", marker="o-" if evaluated else "-")
+        axis.set_title(LABELS.get(key, key), fontsize=9)
+        axis.set_ylabel("")
+    for axis in panels[len(keys):]:
+        axis.set_visible(False)
+    return "<h2>Other figures</h2>\n" + image(png_bytes(figure), "other logged figures: " + ", ".join(keys))
+
+
+def _evaluations(run: RunRecord) -> str:
+    """Every figure logged at evaluations, a row per step, then each one's final value."""
+    by_step: dict[int, dict] = {}
+    for record in run.evals:
+        by_step.setdefault(record["step"], {}).update({k: v for k, v in record.items() if k != "step"})
+    if not by_step:
+        return "<h2>Evaluations</h2>\n" + _note("no evaluations logged")
+    keys = list(dict.fromkeys(key for figures in by_step.values() for key in figures))
+    steps = sorted(by_step)
+    tokens = run.x_values(steps, "tokens")
+    rows = [[f"{step:,}", f"{int(count):,}"] + [_number(by_step[step].get(key, "")) for key in keys] for step, count in zip(steps, tokens)]
+    final = []
+    for key in keys:
+        last = max(step for step in steps if key in by_step[step])
+        final.append([LABELS.get(key, key), _number(by_step[last][key]), f"{last:,}"])
+    best = run.summary()["best_val_loss"]
+    if best is not None:
+        final.append(["best val loss", _number(best), ""])
+    return ("<h2>Evaluations</h2>\n" + table(["step", "tokens", *keys], rows) + "<h3>Final</h3>\n"
+            + table(["figure", "value", "at step"], final))
+
+
+def _samples(run: RunRecord) -> str:
+    if not run.samples:
+        return "<h2>Samples</h2>\n" + _note("the run printed no samples")
+    body = "\n".join(f"<h3>step {sample['step']:,}</h3>\n<pre>{escape(str(sample['text']))}</pre>" for sample in run.samples)
+    return "<h2>Samples</h2>\n" + body
+
+
+def _key_values(title: str, values: dict | None, missing: str) -> str:
+    if not values:
+        return f"<h2>{escape(title)}</h2>\n" + _note(missing)
+    rows = [[key, value if isinstance(value, str) else json.dumps(value)] for key, value in values.items()]
+    return f"<h2>{escape(title)}</h2>\n" + table(["field", "value"], rows, "fields")
+
+
+def _flatten(config: dict, prefix: str = "") -> dict:
+    """{"model": {"n_layer": 2}} -> {"model.n_layer": 2}: the dotted names the command line takes."""
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
