@@ -53,7 +53,7 @@ def nanogpt_recipe(data: Path, out: Path, steps: int, seed: int):
         data=str(data),
         out=str(out),
         model=preset("gpt2-mini", vocab_size=257, n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, bias=False),
-        optimizer=OptimizerConfig(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1),
+        optimizer=OptimizerConfig(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, impl="torch"),  # its loop on a CPU
         schedule=ScheduleConfig(kind="cosine", warmup_steps=100 * steps // 2000, min_lr_ratio=0.1),
         batch_tokens=12 * 64,
         micro_batch=12,

@@ -87,15 +87,22 @@ class TrainConfig:
 
 
 def shakespeare_cpu() -> TrainConfig:
-    """A few minutes on 2 CPU cores: a small GPT on the built-in corpus with a 4096-token BPE."""
+    """Minutes on 2 CPU cores: a small GPT on the built-in corpus with a 4096-token BPE, the levers that won here.
+
+    Muon for the blocks' matrices; rotary positions, RMSNorm, ReLU^2, QK-norm, an untied head, logit
+    soft-capping at 15 and zero-initialised output projections (modded-nanogpt, nanochat); 4 layers of 128
+    in heads of 64 and 2,048 tokens a step, which beat 4 x 192 and 4,096 at equal time here (README, stage 4).
+    With --time-limit the schedule follows the budget, so any budget ends annealed.
+    """
     return TrainConfig(
-        model=preset("gpt2-mini", vocab_size=4096, n_layer=4, n_head=4, n_embd=192, block_size=128),
-        optimizer=OptimizerConfig(lr=2e-3, weight_decay=0.1, betas=(0.9, 0.95)),
+        model=preset("gpt2-mini", vocab_size=4096, n_layer=4, n_head=2, n_embd=128, block_size=128, position="rotary",
+                     norm="rms", activation="relu2", qk_norm=True, tie_embeddings=False, logit_softcap=15.0, zero_init=True),
+        optimizer=OptimizerConfig(kind="muon", lr=2e-3, weight_decay=0.1, betas=(0.9, 0.95)),
         schedule=ScheduleConfig(kind="cosine", warmup_steps=30, min_lr_ratio=0.1),
-        batch_tokens=4096,
-        micro_batch=32,
+        batch_tokens=2048,
+        micro_batch=16,
         seq_len=128,
-        max_steps=600,
+        max_steps=1200,
         eval_every=200,
         eval_batches=20,
         checkpoint_every=500,
