@@ -62,6 +62,10 @@ class SampleStageConfig:
     seed: int = 0  # seed of the sample
 
 
+# The demo's pretraining budget: its schedule follows the time, so a slower machine still ends annealed, on time.
+DEMO_SECONDS = 180.0
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     corpus: str = "shakespeare"  # the built-in corpus
@@ -69,7 +73,7 @@ class RunConfig:
     val_every: int = 10  # every val_every-th document is held out: unseen by the tokenizer, the val split
     tokenizer: TokenizerStageConfig = field(default_factory=TokenizerStageConfig)
     data: DataStageConfig = field(default_factory=DataStageConfig)
-    train: TrainConfig = field(default_factory=lambda: dataclasses.replace(shakespeare_cpu(), max_steps=250))  # data, out, tokenizer: the run's
+    train: TrainConfig = field(default_factory=lambda: dataclasses.replace(shakespeare_cpu(), max_steps=10**9, time_limit=DEMO_SECONDS))  # data, out, tokenizer: the run's
     sample: SampleStageConfig = field(default_factory=SampleStageConfig)
     sft: SFTConfig = field(default_factory=sft_cpu)  # fine-tuning for chat; init_from, out and model are set by the run
 
