@@ -47,9 +47,13 @@ bench: $(VENV)/.installed-dev
 	$(PY) bench/generate.py
 	$(PY) bench/eval_hellaswag.py
 	$(PY) bench/shakespeare_cpu.py
+	$(PY) bench/recipe_ablation.py
+	$(PY) bench/train_throughput.py
 	$(PY) bench/sft_throughput.py
 	$(PY) bench/serve.py
 	$(PY) bench/grpo_rollout.py
+	$(PY) bench/model_info_measure.py
+	$(PY) bench/model_switches.py
 
 # Re-resolve every dependency (newest versions pyproject.toml allows) in a fresh venv and record them.
 lock:
