@@ -570,7 +570,9 @@ class Trainer:
             f"training {model.num_params():,} parameters on {runtime.device} ({self.precision}"
             f"{', compiled' if config.compile else ''}{ranks}{init}): "
             f"{config.batch_tokens:,} tokens/step = {self.accum} x {config.micro_batch} x {config.seq_len}"
-            f"{f' x {runtime.world_size}' if runtime.distributed else ''}, steps {self.state.step}..{config.max_steps}"
+            f"{f' x {runtime.world_size}' if runtime.distributed else ''}, "
+            + (f"from step {self.state.step} for {config.time_limit:g} s" if config.max_steps >= 10**8 and config.time_limit
+               else f"steps {self.state.step}..{config.max_steps}")
         )
         if self.fit_note:
             self.print(self.fit_note)
