@@ -142,3 +142,50 @@ def test_the_default_fused_adamw_matches_the_readable_one():
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-4 if name.endswith("c_attn.bias") else 1e-6, msg=name)
         moved = max(moved, float((a - start[name]).abs().max()))
     assert moved > 1e-3  # the steps did move the weights: the agreement is not two untouched copies
+
+
+def test_embedding_and_head_lrs_update_as_torch_adamw_with_those_lrs():
+    """embedding_lr and head_lr: the tables and the untied head step as torch AdamW at those peaks, the rest at lr,
+    every group following the schedule (the Trainer sets lr x lr_ratio)."""
+    torch.manual_seed(0)
+    ours_model, ref_model = GPT(preset("gpt2-tiny", tie_embeddings=False)), GPT(preset("gpt2-tiny", tie_embeddings=False))
+    ref_model.load_state_dict(ours_model.state_dict())
+    config = OptimizerConfig(lr=1e-3, embedding_lr=0.05, head_lr=4e-3, impl="torch")
+    ours = build_optimizer(ours_model, config, "cpu")
+    own = {id(m.weight) for m in ref_model.modules() if isinstance(m, torch.nn.Embedding)} | {id(ref_model.lm_head.weight)}
+    decay, no_decay = (group["params"] for group in parameter_groups(ref_model, 0.1))
+    peaks = {id(p): 0.05 for m in ref_model.modules() if isinstance(m, torch.nn.Embedding) for p in [m.weight]}
+    peaks[id(ref_model.lm_head.weight)] = 4e-3
+    groups = [{"params": [p], "weight_decay": 0.1, "peak": peaks[id(p)]} for p in decay if id(p) in own]
+    groups += [{"params": [p for p in decay if id(p) not in own], "weight_decay": 0.1, "peak": 1e-3},
+               {"params": no_decay, "weight_decay": 0.0, "peak": 1e-3}]
+    ref = torch.optim.AdamW(groups, betas=config.betas, eps=config.eps)
+    generator = torch.Generator().manual_seed(0)
+    for step in range(10):
+        scale = 1 + step % 3  # the schedule's multiplier changes between steps
+        for group in ours.param_groups:
+            group["lr"] = 1e-3 * scale * group.get("lr_ratio", 1.0)
+        for group in ref.param_groups:
+            group["lr"] = group["peak"] * scale
+        idx = torch.randint(0, 512, (2, 16), generator=generator)
+        for model, optimizer in ((ours_model, ours), (ref_model, ref)):
+            optimizer.zero_grad()
+            model(idx, idx)[1].backward()
+            optimizer.step()
+    for (name, a), b in zip(ours_model.state_dict().items(), ref_model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_own_lrs_reach_muon_and_tied_heads_take_the_embedding_lr():
+    untied = GPT(preset("gpt2-tiny", tie_embeddings=False))
+    groups = build_optimizer(untied, OptimizerConfig(kind="muon", lr=2e-3, embedding_lr=0.1, head_lr=6e-3)).param_groups
+    ratios = {id(p): group.get("lr_ratio", 1.0) for group in groups for p in group["params"]}
+    assert ratios[id(untied.transformer["wte"].weight)] == pytest.approx(50)
+    assert ratios[id(untied.lm_head.weight)] == pytest.approx(3)
+    assert ratios[id(untied.transformer["h"][0].attn.c_attn.weight)] == pytest.approx(10)  # Muon's 0.02
+    tied = GPT(preset("gpt2-tiny"))
+    groups = build_optimizer(tied, OptimizerConfig(lr=2e-3, embedding_lr=0.1, head_lr=6e-3)).param_groups
+    ratios = {id(p): group.get("lr_ratio", 1.0) for group in groups for p in group["params"]}
+    assert ratios[id(tied.lm_head.weight)] == pytest.approx(50) and sum(len(g["params"]) for g in groups) == len(list(tied.parameters()))
+    with pytest.raises(GptlabError, match="embedding_lr and head_lr"):
+        OptimizerConfig(head_lr=-1.0)

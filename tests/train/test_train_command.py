@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -147,7 +148,9 @@ def test_depth_is_one_dial_for_shape_lr_batch_and_steps(prepared):
     config = resolve_config("shakespeare-cpu", data, depth=3)
     base = train_preset("shakespeare-cpu")
     assert (config.model.n_layer, config.model.n_embd, config.model.n_head, config.model.head_dim) == (3, 192, 3, 64)
-    assert config.optimizer.lr == base.optimizer.lr * math.sqrt(base.model.n_embd / 192)
+    scale = math.sqrt(base.model.n_embd / 192)
+    assert config.optimizer.lr == base.optimizer.lr * scale
+    assert (config.optimizer.embedding_lr, config.optimizer.head_lr) == (base.optimizer.embedding_lr * scale, base.optimizer.head_lr * scale)
     params = sum(p.numel() for p in GPT(config.model).parameters())  # brute force: the built model
     fit = 0.292 * (6 * params * 20 * params) ** 0.3271
     assert config.batch_tokens == 2 ** int(math.log2(fit)) and config.batch_tokens % (config.micro_batch * config.seq_len) == 0
@@ -156,9 +159,10 @@ def test_depth_is_one_dial_for_shape_lr_batch_and_steps(prepared):
     assert (wider.model.n_head, wider.max_steps, wider.model.n_embd) == (4, 7, 192)
 
 
-def test_depth_refuses_bad_values(prepared, capsys):
-    assert main(tiny(prepared, prepared / "never", "--depth", "-1")) == 1
-    assert "--depth must be at least 1, got -1" in capsys.readouterr().err
+@pytest.mark.parametrize("depth", ["-1", "0"])
+def test_depth_refuses_bad_values(prepared, capsys, depth):
+    assert main(tiny(prepared, prepared / "never", "--depth", depth)) == 1
+    assert f"--depth must be at least 1, got {depth}" in capsys.readouterr().err
     assert not (prepared / "never").exists()
 
 

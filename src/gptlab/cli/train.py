@@ -30,7 +30,7 @@ def register(stages) -> None:
         + describe_fields(train_preset(DEFAULT_PRESET)),
     )
     parser.add_argument("--preset", default=DEFAULT_PRESET, help=f"{DEFAULT_PRESET} (default) or gpt2-124m-fineweb")
-    parser.add_argument("--depth", type=int, default=0,
+    parser.add_argument("--depth", type=int, default=None,
                         help="one dial: n_layer, width (64 x depth), heads, lr, batch and steps from the depth "
                         "(gptlab.train.config.at_depth); explicit --model.* etc. still win")
     parser.add_argument("--no-resume", action="store_true", help="start from step 0; refused if --out holds a run (see --force)")
@@ -38,7 +38,7 @@ def register(stages) -> None:
     parser.set_defaults(handler=run, accepts_overrides=True)
 
 
-def resolve_config(preset: str, overrides: list[str], depth: int = 0):
+def resolve_config(preset: str, overrides: list[str], depth: int | None = None):
     """The preset (sized by --depth) with the overrides, the model's vocabulary taken from the data (or the model from --init-from)."""
     from gptlab.cli.common import model_path
     from gptlab.data.shards import read_manifest
@@ -50,7 +50,7 @@ def resolve_config(preset: str, overrides: list[str], depth: int = 0):
 
     base = train_preset(preset)
     given = dict(parse_overrides(overrides))
-    if depth and given.get("init_from"):
+    if depth is not None and given.get("init_from"):
         raise GptlabError(f"--init-from {given['init_from']} sets the model; drop --depth {depth}")
     defaults = {}
     if given.get("init_from"):
@@ -64,7 +64,7 @@ def resolve_config(preset: str, overrides: list[str], depth: int = 0):
     if given.get("data") and "tokenizer" not in given and (Path(given["data"]) / "tokenizer.json").is_file():
         defaults["tokenizer"] = given["data"]  # the tokenizer `data prepare` saved with the shards
     config = apply_overrides(base, overrides, defaults=defaults)
-    return apply_overrides(at_depth(config, depth), overrides) if depth else config  # explicit flags still win
+    return apply_overrides(at_depth(config, depth), overrides) if depth is not None else config  # explicit flags still win
 
 
 def run(args: argparse.Namespace) -> int:

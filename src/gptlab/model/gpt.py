@@ -40,6 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptlab.model.config import ModelConfig
+from gptlab.model.loss import linear_cross_entropy
 from gptlab.runtime import GptlabError
 
 ATTENTION_IMPLS = ("sdpa", "math")
@@ -253,7 +254,8 @@ class GPT(nn.Module):
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         last_only: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        fused_loss: bool = False,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """idx (B, T) ids -> logits (B, T, vocab_size) and, with targets (B, T), the mean cross-entropy.
 
         Targets equal to `ignore_index` do not count; `loss_reduction="sum"` gives their sum instead of
@@ -263,6 +265,8 @@ class GPT(nn.Module):
         `mask` (B, 1, T, S) bool which cached keys each query may attend to.
         `last_only` computes logits for the last position only (B, 1, vocab_size):
         all that sampling needs, and the output layer is the costly part.
+        `fused_loss` (training: targets given, gradients on) returns no logits and the loss from the head,
+        cap and cross-entropy fused in chunks (gptlab.model.loss): less memory, and faster.
         """
         B, T = idx.shape
         start = cache.length if cache is not None else 0
@@ -279,6 +283,9 @@ class GPT(nn.Module):
         if cache is not None:
             cache.advance(T)
         x = self.transformer["ln_f"](x)
+        if fused_loss and targets is not None and torch.is_grad_enabled():
+            return None, linear_cross_entropy(x, self.lm_head.weight, targets, self.config.vocab_size, self.config.logit_softcap,
+                                              ignore_index, loss_reduction)
         if last_only and targets is None:
             x = x[:, -1:]
         logits = self.lm_head(x)[..., : self.config.vocab_size]  # padded rows are never seen

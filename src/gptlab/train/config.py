@@ -32,6 +32,7 @@ class TrainConfig:
     grad_clip: float = 1.0  # clip the gradient norm to this (0: no clipping)
     precision: str = "auto"  # auto | fp32 | bf16 | fp16 (fp16 uses a GradScaler)
     compile: bool = False  # torch.compile the training step
+    fused_loss: bool = True  # head + cap + cross-entropy fused in chunks (gptlab.model.loss); false: the plain path
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     seed: int = 1337  # seeds the weights, dropout and random batches
     loader_mode: str = "sequential"  # sequential (the shards in order) | random (nanoGPT's random windows)
@@ -140,8 +141,8 @@ def at_depth(config: TrainConfig, depth: int) -> TrainConfig:
 
     The rule (the scaling-laws work refines it from fits):
     - shape: n_layer = depth, n_embd = 64 x depth (nanochat's aspect ratio), heads of 64 dimensions;
-    - AdamW's peak lr: the config's, times sqrt(its width / the new width) (wider layers take smaller
-      steps, as nanochat scales its AdamW rates); Muon's lr stays, its update being scale-free;
+    - AdamW's peak lrs (lr, embedding_lr, head_lr): the config's, times sqrt(its width / the new width) (wider
+      layers take smaller steps, as nanochat scales its AdamW rates); Muon's lr stays, its update being scale-free;
     - batch: DeepSeek LLM's fit B = 0.292 C^0.3271 tokens (Bi et al., 2024) at the compute C = 6 N D of
       a Chinchilla run, rounded down to a power of two, at least one micro-batch;
     - steps: Chinchilla's D = 20 N tokens (Hoffmann et al., 2022), N the parameters, over the batch.
@@ -156,8 +157,10 @@ def at_depth(config: TrainConfig, depth: int) -> TrainConfig:
     batch = 0.292 * (6 * params * tokens) ** 0.3271
     per_pass = config.micro_batch * config.seq_len
     batch_tokens = max(per_pass, 2 ** math.floor(math.log2(batch)) // per_pass * per_pass)
-    lr = config.optimizer.lr * math.sqrt(config.model.n_embd / width)
-    return replace(config, model=model, optimizer=replace(config.optimizer, lr=lr), batch_tokens=batch_tokens,
+    scale = math.sqrt(config.model.n_embd / width)
+    optimizer = replace(config.optimizer, lr=config.optimizer.lr * scale, embedding_lr=config.optimizer.embedding_lr * scale,
+                        head_lr=config.optimizer.head_lr * scale)
+    return replace(config, model=model, optimizer=optimizer, batch_tokens=batch_tokens,
                    max_steps=max(1, math.ceil(tokens / batch_tokens)))
 
 

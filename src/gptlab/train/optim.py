@@ -87,6 +87,8 @@ class OptimizerConfig:
     muon_lr: float = 0.02  # muon: the peak learning rate of the hidden matrices (the schedule scales it alike)
     muon_momentum: float = 0.95  # muon: the momentum of its (Nesterov) buffer
     muon_precision: str = "auto"  # muon: Newton-Schulz in bf16 (as torch.optim.Muon) | fp32 | auto (bf16 on CUDA, fp32 on CPU: 4x faster here)
+    embedding_lr: float = 0.0  # peak lr of the embedding tables (0: lr); nanochat and modded-nanogpt give them far more
+    head_lr: float = 0.0  # peak lr of an untied output head (0: lr)
 
     def __post_init__(self) -> None:
         if self.impl not in IMPLEMENTATIONS:
@@ -98,6 +100,8 @@ class OptimizerConfig:
         if self.kind == "muon" and (self.impl not in ("auto", "gptlab") or self.muon_lr <= 0 or not 0 <= self.muon_momentum < 1):
             raise GptlabError(f"muon needs impl auto or gptlab, muon_lr above 0 and muon_momentum in [0, 1); got {self.impl}, "
                               f"{self.muon_lr}, {self.muon_momentum}")
+        if self.embedding_lr < 0 or self.head_lr < 0:
+            raise GptlabError(f"embedding_lr and head_lr must be 0 (same as lr) or above, got {self.embedding_lr}, {self.head_lr}")
         if self.lr < 0 or self.eps < 0 or self.weight_decay < 0 or not all(0 <= beta < 1 for beta in self.betas) or len(self.betas) != 2:
             raise GptlabError(f"bad optimizer settings: lr={self.lr} betas={self.betas} eps={self.eps} weight_decay={self.weight_decay}")
 
@@ -126,15 +130,35 @@ def muon_groups(model: nn.Module, config: OptimizerConfig) -> list[dict]:
     return [{"params": hidden, "muon": True, "lr_ratio": ratio, "weight_decay": config.weight_decay}, *rest]
 
 
+def own_lr_groups(model: nn.Module, groups: list[dict], config: OptimizerConfig) -> list[dict]:
+    """Move the embedding tables and the output head into groups of their own when they have an lr of their own.
+
+    Each keeps its weight decay; its `lr_ratio` (lr over the peak) rides the schedule like every group's.
+    """
+    embeddings = [m.weight for m in model.modules() if isinstance(m, nn.Embedding)]
+    head = getattr(model, "lm_head", None)
+    heads = [head.weight] if head is not None and all(head.weight is not e for e in embeddings) else []
+    for own_lr, params in ((config.embedding_lr, embeddings), (config.head_lr, heads)):
+        chosen = {id(p) for p in params}
+        if not own_lr or not chosen or not config.lr:
+            continue
+        for group in list(groups):
+            mine = [p for p in group["params"] if id(p) in chosen]
+            if mine:
+                group["params"] = [p for p in group["params"] if id(p) not in chosen]
+                groups.append({**group, "params": mine, "lr_ratio": own_lr / config.lr})
+    return [group for group in groups if group["params"]]
+
+
 def build_optimizer(model: nn.Module, config: OptimizerConfig, device_type: str = "cpu") -> torch.optim.Optimizer:
     if config.kind == "muon":
         from gptlab.train.muon import MuonAdamW
 
         bf16 = config.muon_precision == "bf16" or (config.muon_precision == "auto" and device_type == "cuda")
         dtype = torch.bfloat16 if bf16 else torch.float32
-        return MuonAdamW(muon_groups(model, config), momentum=config.muon_momentum, betas=config.betas, eps=config.eps,
+        return MuonAdamW(own_lr_groups(model, muon_groups(model, config), config), momentum=config.muon_momentum, betas=config.betas, eps=config.eps,
                          ns_dtype=dtype)
-    groups = parameter_groups(model, config.weight_decay, config.decay_embeddings)
+    groups = own_lr_groups(model, parameter_groups(model, config.weight_decay, config.decay_embeddings), config)
     if config.impl == "gptlab":
         return AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps)
     fusable = device_type in FUSED_DEVICES
