@@ -61,6 +61,7 @@ def nanogpt_recipe(data: Path, out: Path, steps: int, seed: int):
         max_steps=steps,
         precision="fp32",
         loader_mode="random",  # nanoGPT's get_batch: random windows
+        fused_loss=False,  # its model.py: the full logits, then F.cross_entropy
         seed=seed,
         eval_every=0,
         checkpoint_every=0,

@@ -10,8 +10,10 @@ nanoGPT's train.py does per iteration and what gptlab's Trainer does (gptlab.tra
 Sides, each on the same random batches:
 - nanogpt:  bench/nanogpt_model.py, nanoGPT's model.py restated, with its configure_optimizers
             (AdamW, fused only on CUDA: a Python loop over tensors on a CPU).
-- gptlab:   gptlab.model.GPT (arch gpt2) with the Trainer's default optimizer (impl auto: torch's fused kernel).
-- gptlab-readable: the same model with gptlab's readable AdamW, the reference the fused kernel is tested against.
+- gptlab:   gptlab.model.GPT (arch gpt2) as the Trainer runs it by default: torch's fused AdamW kernel (impl auto)
+            and the head fused with the cross-entropy in chunks (fused_loss, gptlab.model.loss).
+- gptlab-unfused-loss: the same with the plain head and F.cross_entropy, as nanoGPT computes its loss.
+- gptlab-readable: the default side with gptlab's readable AdamW, the reference the fused kernel is tested against.
 - gptlab-compiled (--compile): the default side under torch.compile, as `--compile` trains.
 
 bf16: both sides under torch.autocast(bfloat16), as gptlab trains with --precision bf16 (nanoGPT's
@@ -40,33 +42,33 @@ VOCAB, LAYERS, HEADS, WIDTH, BLOCK, BATCH = 50_304, 6, 6, 384, 256, 8
 
 
 def sides(compile_too: bool) -> dict:
-    """name -> (model, optimizer), every model starting from the same weights where the layouts match."""
+    """name -> (model, optimizer, forward's keywords), every model starting from the same weights where the layouts match."""
     torch.manual_seed(0)
     nano = NanoGPT(VOCAB, BLOCK, LAYERS, HEADS, WIDTH, bias=False)
     config = preset("gpt2", vocab_size=VOCAB, n_layer=LAYERS, n_head=HEADS, n_embd=WIDTH, block_size=BLOCK, bias=False)
-    made = {"nanogpt": (nano, nano.configure_optimizers(0.1, 6e-4, (0.9, 0.95), "cpu"))}
-    for name, impl in [("gptlab", "auto"), ("gptlab-readable", "gptlab")]:
+    made = {"nanogpt": (nano, nano.configure_optimizers(0.1, 6e-4, (0.9, 0.95), "cpu"), {})}
+    for name, impl, fused in [("gptlab", "auto", True), ("gptlab-unfused-loss", "auto", False), ("gptlab-readable", "gptlab", True)]:
         model = GPT(config)
-        made[name] = (model, build_optimizer(model, OptimizerConfig(lr=6e-4, impl=impl), "cpu"))
-    if compile_too:
+        made[name] = (model, build_optimizer(model, OptimizerConfig(lr=6e-4, impl=impl), "cpu"), {"fused_loss": fused})
+    if compile_too:  # the plain loss: torch.compile fuses it its own way
         model = GPT(config)
-        made["gptlab-compiled"] = (torch.compile(model), build_optimizer(model, OptimizerConfig(lr=6e-4), "cpu"))
+        made["gptlab-compiled"] = (torch.compile(model), build_optimizer(model, OptimizerConfig(lr=6e-4), "cpu"), {})
     return made
 
 
-def step(model, optimizer, x, y, cast) -> None:
+def step(model, optimizer, x, y, cast, kwargs) -> None:
     with cast:
-        _, loss = model(x, y)
+        _, loss = model(x, y, **kwargs)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 
-def time_round(model, optimizer, batches, cast) -> float:
+def time_round(model, optimizer, kwargs, batches, cast) -> float:
     start = time.perf_counter()
     for x, y in batches:
-        step(model, optimizer, x, y, cast)
+        step(model, optimizer, x, y, cast, kwargs)
     return (time.perf_counter() - start) / len(batches)
 
 
@@ -86,12 +88,12 @@ def measure(precision: str, rounds: int, steps: int, compile_too: bool) -> None:
     made = sides(compile_too)
     generator = torch.Generator().manual_seed(1)
     batches = [(torch.randint(0, VOCAB, (BATCH, BLOCK), generator=generator),) * 2 for _ in range(steps)]
-    for model, optimizer in made.values():  # warm up: allocations, optimizer state, compilation
-        time_round(model, optimizer, batches[:2], cast)
+    for side in made.values():  # warm up: allocations, optimizer state, compilation
+        time_round(*side, batches[:2], cast)
     times = {name: [] for name in made}
     for _ in range(rounds):
-        for name, (model, optimizer) in made.items():
-            times[name].append(time_round(model, optimizer, batches, cast))
+        for name, side in made.items():
+            times[name].append(time_round(*side, batches, cast))
     config = made["gptlab"][0].config
     flops = flops_per_token(config, BLOCK)["training"] * BATCH * BLOCK
     peak = matmul_peak(cast)

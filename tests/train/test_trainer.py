@@ -45,6 +45,15 @@ def test_accumulated_gradients_equal_the_full_batch(prepared, tmp_path):
         torch.testing.assert_close(final_weights(tmp_path / "accum")[name], tensor, rtol=1e-4, atol=1e-5)
 
 
+def test_the_fused_loss_trains_as_the_plain_one(prepared, tmp_path):
+    """fused_loss (the default) against the plain head and F.cross_entropy: the same run within float rounding."""
+    fused = quiet(tiny_config(prepared, tmp_path / "fused", max_steps=4)).fit()
+    plain = quiet(tiny_config(prepared, tmp_path / "plain", max_steps=4, fused_loss=False)).fit()
+    assert fused.losses == pytest.approx(plain.losses, rel=1e-5)
+    for name, tensor in final_weights(tmp_path / "plain").items():
+        torch.testing.assert_close(final_weights(tmp_path / "fused")[name], tensor, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("loader_mode", ["sequential", "random"])
 def test_resume_from_a_checkpoint_continues_the_exact_same_run(prepared, tmp_path, loader_mode):
     """6 steps straight == the same run restarted from its step-3 checkpoint: loss for loss (dropout on)."""

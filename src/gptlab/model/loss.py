@@ -13,7 +13,8 @@ since the loss is a scalar its gradients are known then too (as Liger-Kernel's f
 
 The backward pass only scales the saved dx and dW by the incoming gradient. Equal to
 GPT.forward's unfused loss in value and gradient (tests). Only for training: without gradients the
-plain path is cheaper.
+plain path is cheaper. Not under torch.compile either: compiled with the model it ran 20x slower here,
+and compile fuses the plain loss its own way (the Trainer uses it only without --compile).
 """
 
 from __future__ import annotations

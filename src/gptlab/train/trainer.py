@@ -386,9 +386,9 @@ class Trainer:
 
     def _micro_loss(self, x: torch.Tensor, y: torch.Tensor, kwargs: dict, weight: float | None) -> torch.Tensor:
         """One micro-batch's share of the step's loss, ready for backward (subclasses: DPO, GRPO)."""
+        fused = self.config.fused_loss and not self.config.compile
         with self.cast:
-            _, loss = self.wrapped(x, y, loss_reduction="mean" if weight is None else "sum", fused_loss=self.config.fused_loss,
-                                   **kwargs)
+            _, loss = self.wrapped(x, y, loss_reduction="mean" if weight is None else "sum", fused_loss=fused, **kwargs)
         return loss / self.accum if weight is None else loss * weight
 
     def _step_tokens(self) -> int:
