@@ -25,6 +25,8 @@ from gptlab.train import train_preset
 LEVERS = {
     "default": ("", {}),
     "Muon": ("AdamW for every matrix", {"optimizer.kind": "adamw"}),
+    "embedding/head lr": ("one AdamW lr (2e-3)", {"optimizer.embedding_lr": 0.0, "optimizer.head_lr": 0.0}),
+    "fused loss": ("head, cap, F.cross_entropy", {"fused_loss": False}),
     "rotary": ("learned positions", {"model.position": "learned"}),
     "RMSNorm": ("LayerNorm", {"model.norm": "layer"}),
     "ReLU^2": ("GELU", {"model.activation": "gelu"}),

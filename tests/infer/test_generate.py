@@ -52,11 +52,8 @@ def test_generate_batched_equals_each_prompt_alone(name):
     assert batched == [generate(model, [prompt], GREEDY)[0] for prompt in prompts]
 
 
-@pytest.mark.parametrize("name", PRESETS)
-def test_generate_prefill_and_decode_logits_equal_full_forward(name, monkeypatch):
-    """The logits each step samples from: padded batch through the KV cache vs each row rerun alone from scratch."""
-    model = tiny_model(name)
-    prompts = random_prompts([10, 3, 1, 7])
+def cached_and_full_logits(model, prompts, monkeypatch):
+    """The tokens of a cached and an uncached generation, and the logits each step sampled from in each."""
     seen: dict[bool, list[torch.Tensor]] = {True: [], False: []}
     use_cache = True
 
@@ -66,11 +63,19 @@ def test_generate_prefill_and_decode_logits_equal_full_forward(name, monkeypatch
 
     real_sample_next = engine.sample_next
     monkeypatch.setattr(engine, "sample_next", recording)
-    generate(model, prompts, GREEDY)
+    cached = generate(model, prompts, GREEDY)
     use_cache = False
-    generate(model, prompts, GREEDY, use_cache=False)
-    assert len(seen[True]) == len(seen[False]) == GREEDY.max_new_tokens
-    for cached, full in zip(seen[True], seen[False]):
+    full = generate(model, prompts, GREEDY, use_cache=False)
+    return cached, full, seen[True], seen[False]
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_generate_prefill_and_decode_logits_equal_full_forward(name, monkeypatch):
+    """The logits each step samples from: padded batch through the KV cache vs each row rerun alone from scratch."""
+    model = tiny_model(name)
+    _, _, cached_logits, full_logits = cached_and_full_logits(model, random_prompts([10, 3, 1, 7]), monkeypatch)
+    assert len(cached_logits) == len(full_logits) == GREEDY.max_new_tokens
+    for cached, full in zip(cached_logits, full_logits):
         torch.testing.assert_close(cached, full, atol=1e-5, rtol=0)
 
 
@@ -85,19 +90,9 @@ def test_generate_sliding_window_left_padded_batch_equals_recomputation(name, mo
     """Tokens and the logits each step samples from: padded batch through the KV cache vs each row rerun alone."""
     model = tiny_model(name.split("-")[0] + "-tiny", **WINDOWED[name])
     prompts = random_prompts([10, 3, 1, 7])  # left-padded to 10; windows of 3 and 5 are shorter than most prompts
-    seen: dict[bool, list[torch.Tensor]] = {True: [], False: []}
-    use_cache = True
-
-    def recording(logits, config, generator):
-        seen[use_cache].append(logits.clone())
-        return real_sample_next(logits, config, generator)
-
-    real_sample_next = engine.sample_next
-    monkeypatch.setattr(engine, "sample_next", recording)
-    cached = generate(model, prompts, GREEDY)
-    use_cache = False
-    assert cached == generate(model, prompts, GREEDY, use_cache=False)
-    for with_cache, full in zip(seen[True], seen[False], strict=True):
+    cached, uncached, cached_logits, full_logits = cached_and_full_logits(model, prompts, monkeypatch)
+    assert cached == uncached
+    for with_cache, full in zip(cached_logits, full_logits, strict=True):
         torch.testing.assert_close(with_cache, full, atol=1e-5, rtol=0)
     assert cached == [generate(model, [prompt], GREEDY)[0] for prompt in prompts]
 

@@ -234,22 +234,23 @@ def test_sliding_window_mask_keeps_the_last_window_allowed_keys():
     assert torch.equal(sliding_window_mask(mask, window), expected)
 
 
-def test_window_as_long_as_the_context_gives_the_full_attention_logits():
+def windowed_and_full_logits(window: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of a model whose every layer has a sliding window, and of the same weights attending fully."""
     full = build(preset("gpt2-tiny", n_layer=3))
-    windowed = GPT(preset("gpt2-tiny", n_layer=3, attn_window=64, window_pattern="S")).eval()
+    windowed = GPT(preset("gpt2-tiny", n_layer=3, attn_window=window, window_pattern="S")).eval()
     windowed.load_state_dict(full.state_dict())
-    idx = ids(full.config, T=64)
+    idx = ids(full.config, T=T)
     with torch.no_grad():
-        torch.testing.assert_close(windowed(idx)[0], full(idx)[0], atol=0, rtol=0)
+        return windowed(idx)[0], full(idx)[0]
+
+
+def test_window_as_long_as_the_context_gives_the_full_attention_logits():
+    ours, theirs = windowed_and_full_logits(window=64, T=64)
+    torch.testing.assert_close(ours, theirs, atol=0, rtol=0)
 
 
 def test_window_changes_only_positions_past_the_window():
-    full = build(preset("gpt2-tiny", n_layer=3))
-    windowed = GPT(preset("gpt2-tiny", n_layer=3, attn_window=6, window_pattern="S")).eval()
-    windowed.load_state_dict(full.state_dict())
-    idx = ids(full.config, T=20)
-    with torch.no_grad():
-        ours, theirs = windowed(idx)[0], full(idx)[0]
+    ours, theirs = windowed_and_full_logits(window=6, T=20)
     torch.testing.assert_close(ours[:, :6], theirs[:, :6], atol=1e-6, rtol=0)  # positions 0..5 see the same keys
     assert (ours[:, 6:] - theirs[:, 6:]).abs().amax(dim=-1).min() > 1e-4  # every later position differs
 
