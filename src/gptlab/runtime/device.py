@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from gptlab.runtime.errors import GptlabError
+from gptlab.runtime.memory import keep_freed_memory
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
@@ -127,7 +128,8 @@ def set_rng_state(state: dict) -> None:
 
 
 def init_runtime(device: str = "auto") -> Runtime:
-    """Join torchrun's process group when launched by it; pick this process's device."""
+    """Join torchrun's process group when launched by it; pick this process's device; keep freed memory (CPU)."""
+    keep_freed_memory()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         chosen = detect_device(device)
