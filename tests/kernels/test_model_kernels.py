@@ -1,0 +1,116 @@
+"""The model's `attention` and `norm_impl` choices: the same logits and gradients as the defaults, masked calls
+(sliding window, KV cache) left to SDPA, clear errors for a bad choice, older config files still load."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from gptlab.model import GPT, KVCache, ModelConfig, preset
+from gptlab.model.io import config_from_dict
+from gptlab.runtime import GptlabError
+
+
+def build(config: ModelConfig) -> GPT:
+    """A model whose norm weights are perturbed too, so a norm kernel that ignored its weight would show."""
+    torch.manual_seed(0)
+    model = GPT(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    return model
+
+
+def logits_loss_and_grads(config: ModelConfig, idx: torch.Tensor):
+    model = build(config).to(idx.device)
+    logits, loss = model(idx[:, :-1], idx[:, 1:])
+    loss.backward()
+    return logits.detach(), loss.detach(), {name: p.grad for name, p in model.named_parameters()}
+
+
+def assert_same_model_outputs(ours, reference):
+    torch.testing.assert_close(ours[0], reference[0], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(ours[1], reference[1], atol=2e-6, rtol=1e-6)
+    for name, grad in reference[2].items():
+        torch.testing.assert_close(ours[2][name], grad, atol=2e-6, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def ids(config: ModelConfig, B: int = 2, T: int = 34) -> torch.Tensor:
+    return torch.randint(0, config.vocab_size, (B, T), generator=torch.Generator().manual_seed(1))
+
+
+def tiny(**changes) -> ModelConfig:
+    """llama-tiny with one layer, QK-norm (more RMSNorms) and grouped-query attention (4 query heads, 2 kv heads)."""
+    return preset("llama-tiny", n_layer=1, qk_norm=True, **changes)
+
+
+def test_model_with_flash_attention_equals_the_default():
+    idx = ids(tiny())
+    assert_same_model_outputs(logits_loss_and_grads(tiny(attention="flash"), idx), logits_loss_and_grads(tiny(), idx))
+
+
+@pytest.mark.parametrize(("attention", "norm_impl"), [("triton", "torch"), ("triton", "triton")])
+def test_model_with_triton_kernels_equals_the_default(triton_device, attention, norm_impl):
+    idx = ids(tiny(), T=18).to(triton_device)
+    ours = logits_loss_and_grads(tiny(attention=attention, norm_impl=norm_impl), idx)
+    assert_same_model_outputs(ours, logits_loss_and_grads(tiny(), idx))
+
+
+def test_model_set_attention_switches_to_flash_and_back():
+    config = tiny()
+    model = build(config).eval()
+    idx = ids(config)
+    with torch.no_grad():
+        flash, _ = model.set_attention("flash")(idx)
+        sdpa, _ = model.set_attention("sdpa")(idx)
+    torch.testing.assert_close(flash, sdpa, atol=2e-5, rtol=1e-5)
+
+
+def test_model_with_flash_attention_leaves_windows_and_the_kv_cache_to_sdpa():
+    """Sliding-window layers and decoding pass a mask, which only SDPA takes: flash gives the same logits there."""
+    config = preset("llama-tiny", n_layer=2, attn_window=5, window_pattern="SL", attention="flash")
+    model = build(config).eval()
+    reference = build(dataclasses.replace(config, attention="sdpa")).eval()
+    idx = ids(config, T=20)
+    with torch.no_grad():
+        full, _ = model(idx)
+        torch.testing.assert_close(full, reference(idx)[0], atol=2e-5, rtol=1e-5)
+        cache = KVCache(config, batch_size=2)
+        steps = [model(idx[:, :12], cache=cache)[0]]  # prefill into an empty cache: flash; then decoding: SDPA
+        steps += [model(idx[:, t : t + 1], cache=cache)[0] for t in range(12, 20)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    (dict(attention="fast"), "unknown attention 'fast'; use one of sdpa, math, flash, triton"),
+    (dict(norm_impl="cuda"), "unknown norm_impl 'cuda'; use one of torch, triton"),
+    (dict(attention="flash", dropout=0.1), "attention 'flash' has no attention dropout"),
+    (dict(norm_impl="triton", norm="layer"), "norm_impl 'triton' fuses RMSNorm, and this model has none"),
+])
+def test_model_config_refuses_an_unknown_or_impossible_kernel_choice(changes, message):
+    with pytest.raises(GptlabError, match=message):
+        preset("llama-tiny", **changes)
+
+
+def test_model_config_from_an_older_file_gets_the_default_kernels():
+    """A config.json written before these fields existed loads as SDPA and torch RMSNorm, as the model ran then."""
+    saved = dataclasses.asdict(preset("llama-tiny"))
+    del saved["attention"], saved["norm_impl"]
+    config = config_from_dict(saved)
+    assert (config.attention, config.norm_impl) == ("sdpa", "torch")
+    assert config == preset("llama-tiny")
+
+
+def test_kernels_import_without_triton_and_say_how_to_get_it(monkeypatch):
+    import subprocess
+    import sys
+
+    code = "import sys, gptlab.kernels, gptlab.model; print('triton' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"  # importing gptlab does not import triton
+    from gptlab.kernels import triton_rms_norm
+
+    monkeypatch.setitem(sys.modules, "triton", None)  # as if not installed: `import triton` fails
+    monkeypatch.delitem(sys.modules, "gptlab.kernels.triton_rmsnorm", raising=False)
+    with pytest.raises(GptlabError, match="triton is not installed; pip install triton"):
+        triton_rms_norm(torch.ones(2, 16), torch.ones(16), 1e-5)
