@@ -44,3 +44,9 @@ def triton_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda")
     pytest.skip("triton was imported before TRITON_INTERPRET=1 was set, and there is no GPU to compile for")
+
+
+def window_mask(T: int, window: int, device="cpu") -> torch.Tensor:
+    """(T, T) bool: query i sees keys i - window + 1 .. i (gptlab.model.gpt.sliding_window_mask of a causal mask)."""
+    rows, cols = torch.arange(T, device=device)[:, None], torch.arange(T, device=device)[None, :]
+    return (cols <= rows) & (cols > rows - window)

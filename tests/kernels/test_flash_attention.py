@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from gptlab.kernels import flash_attention
 from gptlab.runtime import GptlabError
-from tests.kernels.conftest import output_and_grads, qkv
+from tests.kernels.conftest import output_and_grads, qkv, window_mask
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
@@ -25,6 +25,16 @@ def test_flash_attention_equals_sdpa_with_more_keys_than_queries_when_not_causal
     q, k, v = qkv(20, 33)
     ours = output_and_grads(lambda *x: flash_attention(*x, causal=False, block_q=8, block_k=16), q, k, v)
     reference = output_and_grads(lambda *x: F.scaled_dot_product_attention(*x), q, k, v)
+    for a, b in zip(ours, reference):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("window", "block_q", "block_k"), [(1, 8, 8), (5, 8, 8), (12, 16, 4), (20, 8, 16), (40, 16, 16)])
+def test_flash_attention_with_a_sliding_window_equals_sdpa_with_the_windowed_mask(window, block_q, block_k):
+    """Windows shorter than a tile, across tiles, and longer than the sequence (= plain causal)."""
+    q, k, v = qkv(33)
+    ours = output_and_grads(lambda *x: flash_attention(*x, window=window, block_q=block_q, block_k=block_k), q, k, v)
+    reference = output_and_grads(lambda *x: F.scaled_dot_product_attention(*x, attn_mask=window_mask(33, window)), q, k, v)
     for a, b in zip(ours, reference):
         torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5)
 
@@ -54,6 +64,8 @@ def test_flash_attention_bfloat16_is_as_close_to_float32_as_sdpa_in_bfloat16(cau
 def test_flash_attention_passes_gradcheck_in_float64(causal):
     q, k, v = qkv(5, B=1, H=2, D=4, dtype=torch.float64)
     assert torch.autograd.gradcheck(lambda *x: flash_attention(*x, causal=causal, block_q=2, block_k=3), (q, k, v))
+    if causal:
+        assert torch.autograd.gradcheck(lambda *x: flash_attention(*x, window=2, block_q=2, block_k=3), (q, k, v))
 
 
 def test_flash_attention_saves_the_output_and_log_sum_exp_not_the_probabilities():
@@ -65,10 +77,12 @@ def test_flash_attention_saves_the_output_and_log_sum_exp_not_the_probabilities(
     torch.testing.assert_close(saved[-1], lse.detach())
 
 
-def test_flash_attention_refuses_causal_with_unequal_query_and_key_lengths():
+def test_flash_attention_refuses_causal_with_unequal_query_and_key_lengths_and_a_window_without_causal():
     q, k, v = qkv(8, 12)
     with pytest.raises(GptlabError, match="T == S"):
         flash_attention(q, k, v, causal=True)
+    with pytest.raises(GptlabError, match="needs causal attention"):
+        flash_attention(q, k, v, causal=False, window=4)
 
 
 def test_flash_attention_under_autocast_takes_mixed_dtypes_as_sdpa_does():

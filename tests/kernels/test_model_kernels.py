@@ -66,19 +66,22 @@ def test_model_set_attention_switches_to_flash_and_back():
     torch.testing.assert_close(flash, sdpa, atol=2e-5, rtol=1e-5)
 
 
-def test_model_with_flash_attention_leaves_windows_and_the_kv_cache_to_sdpa():
-    """Sliding-window layers and decoding pass a mask, which only SDPA takes: flash gives the same logits there."""
-    config = preset("llama-tiny", n_layer=2, attn_window=5, window_pattern="SL", attention="flash")
-    model = build(config).eval()
-    reference = build(dataclasses.replace(config, attention="sdpa")).eval()
-    idx = ids(config, T=20)
+@pytest.mark.parametrize("attention", ["flash", "triton"])
+def test_model_kernels_cut_sliding_windows_and_leave_the_kv_cache_to_sdpa(attention, request):
+    """Sliding-window layers go to the kernels with their window, decoding passes a mask and goes to SDPA:
+    the logits, the gradients and the cached decode equal the default's."""
+    device = request.getfixturevalue("triton_device") if attention == "triton" else torch.device("cpu")
+    config = preset("llama-tiny", n_layer=2, attn_window=5, window_pattern="SL", attention=attention)
+    reference = dataclasses.replace(config, attention="sdpa")
+    idx = ids(config, T=21).to(device)
+    ours = logits_loss_and_grads(config, idx)
+    assert_same_model_outputs(ours, logits_loss_and_grads(reference, idx))
+    model = build(config).to(device).eval()
     with torch.no_grad():
-        full, _ = model(idx)
-        torch.testing.assert_close(full, reference(idx)[0], atol=2e-5, rtol=1e-5)
-        cache = KVCache(config, batch_size=2)
-        steps = [model(idx[:, :12], cache=cache)[0]]  # prefill into an empty cache: flash; then decoding: SDPA
+        cache = KVCache(config, batch_size=2, device=device)
+        steps = [model(idx[:, :12], cache=cache)[0]]  # prefill into an empty cache: the kernels; then decoding: SDPA
         steps += [model(idx[:, t : t + 1], cache=cache)[0] for t in range(12, 20)]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat(steps, dim=1), ours[0], atol=2e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize(("changes", "message"), [

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from gptlab.kernels import flash_attention, triton_flash_attention
 from gptlab.kernels.triton_support import check_launchable
 from gptlab.runtime import GptlabError
-from tests.kernels.conftest import output_and_grads, qkv
+from tests.kernels.conftest import output_and_grads, qkv, window_mask
 
 
 def assert_all_close(ours, reference, **tolerance):
@@ -47,6 +47,17 @@ def test_triton_attention_handles_unequal_tiles_a_narrow_head_and_more_keys(trit
     assert_all_close(ours, sdpa, **float32_tolerance(triton_device))
 
 
+@pytest.mark.parametrize(("window", "block_n"), [(5, 16), (20, 32)])
+def test_triton_attention_with_a_sliding_window_equals_sdpa_and_flash_attention(triton_device, window, block_n):
+    q, k, v = qkv(33, B=1, device=triton_device)
+    ours = output_and_grads(lambda *x: triton_flash_attention(*x, window=window, block_m=16, block_n=block_n), q, k, v)
+    mask = window_mask(33, window, triton_device)
+    sdpa = output_and_grads(lambda *x: F.scaled_dot_product_attention(*x, attn_mask=mask), q, k, v)
+    flash = output_and_grads(lambda *x: flash_attention(*x, window=window, block_q=16, block_k=block_n), q, k, v)
+    assert_all_close(ours, sdpa, **float32_tolerance(triton_device))
+    assert_all_close(ours, flash, **float32_tolerance(triton_device))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_triton_attention_in_half_precision_keeps_the_dtype_and_matches_float32(triton_device, dtype):
     if triton_device.type == "cpu" and dtype == torch.bfloat16:
@@ -69,12 +80,13 @@ def test_triton_kernels_compiled_refuse_cpu_tensors_and_say_what_to_do():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_triton_attention_compiled_on_cuda_equals_sdpa_at_realistic_sizes(triton_device, dtype, causal):
+@pytest.mark.parametrize(("causal", "window"), [(True, 0), (False, 0), (True, 100)], ids=["causal", "full", "window"])
+def test_triton_attention_compiled_on_cuda_equals_sdpa_at_realistic_sizes(triton_device, dtype, causal, window):
     """T 300 (not a multiple of the default 64-row tiles), head_dim 64, default tiles; against a float64 SDPA."""
     q, k, v = qkv(300, B=2, H=3, D=64, dtype=dtype, device="cuda")
-    ours = output_and_grads(lambda *x: triton_flash_attention(*x, causal=causal), q, k, v)
-    exact = output_and_grads(lambda *x: F.scaled_dot_product_attention(*x, is_causal=causal),
+    ours = output_and_grads(lambda *x: triton_flash_attention(*x, causal=causal, window=window), q, k, v)
+    mask = window_mask(300, window, "cuda") if window else None
+    exact = output_and_grads(lambda *x: F.scaled_dot_product_attention(*x, is_causal=causal and not window, attn_mask=mask),
                              *[tensor.detach().double().requires_grad_() for tensor in (q, k, v)])
     tolerance = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
     assert_all_close([tensor.double() for tensor in ours], exact, **tolerance)

@@ -7,7 +7,8 @@ Four kernels, each a loop of gptlab.kernels.flash_attention written for one prog
     _attention_dkdv      grid (key blocks, B * H):   dK, dV of a key block, walking the query blocks
     _attention_dq        grid (query blocks, B * H): dQ of a query block, walking the key blocks
 
-dQ gets its own pass instead of atomic adds from the dK/dV pass: one more recomputation of the
+Causal attention skips the tiles wholly above the diagonal, and with a sliding window (query i sees keys
+i - window + 1 .. i) the tiles wholly below the band as well. dQ gets its own pass instead of atomic adds from the dK/dV pass: one more recomputation of the
 scores, but no atomics, so the GPU and Triton's interpreter (TRITON_INTERPRET=1, CPU tensors) agree
 bit for bit in their order of summation. Tensors are made contiguous and seen as (B * H, T, D):
 program (block, bh) reads rows block * BLOCK_M.. of head bh through plain pointers and masks
@@ -36,7 +37,7 @@ BLOCK_N = 64  # keys per tile
 
 
 @triton.jit
-def _attention_forward(Q, K, V, OUT, LSE, T, S, D, scale, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+def _attention_forward(Q, K, V, OUT, LSE, T, S, D, scale, WINDOW, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     block, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)  # int64: bh * T * D passes 2^31 on big batches
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)  # query positions of this tile
@@ -46,10 +47,11 @@ def _attention_forward(Q, K, V, OUT, LSE, T, S, D, scale, CAUSAL: tl.constexpr, 
     row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    stop = S
-    if CAUSAL:  # key blocks wholly after the last query of this tile are skipped
+    first, stop = 0, S
+    if CAUSAL:  # key blocks wholly after the last query of this tile, or wholly before its first one's window, are skipped
+        first = tl.maximum(block * BLOCK_M - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
         stop = tl.minimum((block + 1) * BLOCK_M, S)
-    for start in range(0, stop, BLOCK_N):
+    for start in range(first, stop, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
         key_ok = (keys[:, None] < S) & (dims[None, :] < D)
         k = tl.load(K + bh * S * D + keys[:, None] * D + dims[None, :], mask=key_ok, other=0.0)  # (BLOCK_N, BLOCK_D)
@@ -57,14 +59,16 @@ def _attention_forward(Q, K, V, OUT, LSE, T, S, D, scale, CAUSAL: tl.constexpr, 
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (BLOCK_M, BLOCK_N) float32
         visible = keys[None, :] < S
         if CAUSAL:
-            visible = visible & (keys[None, :] <= rows[:, None])
+            visible = visible & (keys[None, :] <= rows[:, None]) & (keys[None, :] > rows[:, None] - WINDOW)
         scores = tl.where(visible, scores, float("-inf"))
-        new_max = tl.maximum(row_max, tl.max(scores, 1))  # finite: key 0 is in every row's first tile
-        p = tl.exp(scores - new_max[:, None])
-        correction = tl.exp(row_max - new_max)  # rescales what was summed under the old maximum
+        new_max = tl.maximum(row_max, tl.max(scores, 1))
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row that has seen only hidden keys so far
+        p = tl.exp(scores - shift[:, None])
+        correction = tl.exp(row_max - shift)  # rescales what was summed under the old maximum
         row_sum = row_sum * correction + tl.sum(p, 1)
         acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         row_max = new_max
+    row_sum = tl.where(row_sum == 0.0, 1.0, row_sum)  # rows past T (never stored) may see no key under a window
     out = acc / row_sum[:, None]
     tl.store(OUT + bh * T * D + rows[:, None] * D + dims[None, :], out.to(OUT.dtype.element_ty), mask=row_ok)
     tl.store(LSE + bh * T + rows, row_max + tl.log(row_sum), mask=rows < T)
@@ -83,7 +87,7 @@ def _attention_delta(OUT, DO, DELTA, T, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.co
 
 
 @triton.jit
-def _attention_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, T, S, D, scale, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+def _attention_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, T, S, D, scale, WINDOW, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     block, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     keys = block * BLOCK_N + tl.arange(0, BLOCK_N)  # key positions of this tile
@@ -93,10 +97,11 @@ def _attention_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, T, S, D, scale, CAUSAL: tl.
     v = tl.load(V + bh * S * D + keys[:, None] * D + dims[None, :], mask=key_ok, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    start = 0
-    if CAUSAL:  # query blocks wholly before the first key of this tile never see it
+    start, stop = 0, T
+    if CAUSAL:  # query blocks wholly before this tile, or wholly past its last key's window, never see it
         start = (block * BLOCK_N // BLOCK_M) * BLOCK_M
-    for q_start in range(start, T, BLOCK_M):
+        stop = tl.minimum((block + 1) * BLOCK_N + WINDOW - 1, T)
+    for q_start in range(start, stop, BLOCK_M):
         rows = q_start + tl.arange(0, BLOCK_M)
         row_ok = (rows[:, None] < T) & (dims[None, :] < D)
         q = tl.load(Q + bh * T * D + rows[:, None] * D + dims[None, :], mask=row_ok, other=0.0)  # (BLOCK_M, BLOCK_D)
@@ -106,7 +111,7 @@ def _attention_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, T, S, D, scale, CAUSAL: tl.
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # (BLOCK_M, BLOCK_N)
         visible = (rows[:, None] < T) & (keys[None, :] < S)
         if CAUSAL:
-            visible = visible & (keys[None, :] <= rows[:, None])
+            visible = visible & (keys[None, :] <= rows[:, None]) & (keys[None, :] > rows[:, None] - WINDOW)
         p = tl.where(visible, tl.exp(scores - lse[:, None]), 0.0)  # the forward's probabilities, recomputed
         dv += tl.dot(tl.trans(p.to(grad_out.dtype)), grad_out, input_precision=PRECISION)
         dp = tl.dot(grad_out, tl.trans(v), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
@@ -118,7 +123,7 @@ def _attention_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, T, S, D, scale, CAUSAL: tl.
 
 
 @triton.jit
-def _attention_dq(Q, K, V, DO, LSE, DELTA, DQ, T, S, D, scale, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+def _attention_dq(Q, K, V, DO, LSE, DELTA, DQ, T, S, D, scale, WINDOW, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     block, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -129,10 +134,11 @@ def _attention_dq(Q, K, V, DO, LSE, DELTA, DQ, T, S, D, scale, CAUSAL: tl.conste
     lse = tl.load(LSE + bh * T + rows, mask=rows < T, other=0.0)
     delta = tl.load(DELTA + bh * T + rows, mask=rows < T, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    stop = S
+    first, stop = 0, S
     if CAUSAL:
+        first = tl.maximum(block * BLOCK_M - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
         stop = tl.minimum((block + 1) * BLOCK_M, S)
-    for start in range(0, stop, BLOCK_N):
+    for start in range(first, stop, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
         key_ok = (keys[:, None] < S) & (dims[None, :] < D)
         k = tl.load(K + bh * S * D + keys[:, None] * D + dims[None, :], mask=key_ok, other=0.0)
@@ -140,7 +146,7 @@ def _attention_dq(Q, K, V, DO, LSE, DELTA, DQ, T, S, D, scale, CAUSAL: tl.conste
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         visible = (rows[:, None] < T) & (keys[None, :] < S)
         if CAUSAL:
-            visible = visible & (keys[None, :] <= rows[:, None])
+            visible = visible & (keys[None, :] <= rows[:, None]) & (keys[None, :] > rows[:, None] - WINDOW)
         p = tl.where(visible, tl.exp(scores - lse[:, None]), 0.0)
         dp = tl.dot(grad_out, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
@@ -148,17 +154,19 @@ def _attention_dq(Q, K, V, DO, LSE, DELTA, DQ, T, S, D, scale, CAUSAL: tl.conste
     tl.store(DQ + bh * T * D + rows[:, None] * D + dims[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=row_ok)
 
 
-def triton_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
+def triton_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True, window: int = 0,
                            scale: float | None = None, block_m: int = BLOCK_M, block_n: int = BLOCK_N) -> torch.Tensor:
-    """softmax(q k^T * scale [+ causal mask]) v by the Triton kernels. q (B, H, T, D), k and v (B, H, S, D) -> (B, H, T, D)."""
-    check_attention_inputs(q, k, v, causal)
+    """softmax(q k^T * scale [+ causal mask]) v by the Triton kernels. q (B, H, T, D), k and v (B, H, S, D) -> (B, H, T, D).
+
+    window > 0 (causal only): each query sees itself and the window - 1 keys before it (0: every earlier key)."""
+    check_attention_inputs(q, k, v, causal, window)
     check_launchable(q, _attention_forward)
     q, k, v = same_dtype(q, k, v)
     if q.dtype == torch.bfloat16 and is_interpreted(_attention_forward):
         raise GptlabError("Triton's interpreter multiplies bfloat16 matrices wrongly (tl.dot, triton 3.9): "
                           "run the Triton attention in float32 or float16 on CPU, or in bfloat16 on a CUDA device")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return TritonFlashAttention.apply(q, k, v, causal, scale, block_m, block_n)
+    return TritonFlashAttention.apply(q, k, v, causal, window, scale, block_m, block_n)
 
 
 def _settings(q: torch.Tensor, block_m: int, block_n: int) -> dict:
@@ -175,17 +183,18 @@ class TritonFlashAttention(torch.autograd.Function):
     """Saves q, k, v, O and L, as gptlab.kernels.flash_attention.FlashAttention does."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, scale: float, block_m: int, block_n: int):
+    def forward(ctx, q, k, v, causal: bool, window: int, scale: float, block_m: int, block_n: int):
         B, H, T, D = q.shape
         S = k.shape[-2]
+        window = window or S  # no window: one that reaches past key 0 from every query
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         settings = _settings(q, block_m, block_n)
         out = torch.empty_like(q)
         lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
         grid = (triton.cdiv(T, settings["BLOCK_M"]), B * H)
-        _attention_forward[grid](q, k, v, out, lse, T, S, D, scale, CAUSAL=causal, **settings)
+        _attention_forward[grid](q, k, v, out, lse, T, S, D, scale, window, CAUSAL=causal, **settings)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.scale, ctx.settings = causal, scale, settings
+        ctx.causal, ctx.window, ctx.scale, ctx.settings = causal, window, scale, settings
         return out
 
     @staticmethod
@@ -200,6 +209,7 @@ class TritonFlashAttention(torch.autograd.Function):
         _attention_delta[query_grid](out, grad_out, delta, T, D, BLOCK_M=settings["BLOCK_M"], BLOCK_D=settings["BLOCK_D"])
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         key_grid = (triton.cdiv(S, settings["BLOCK_N"]), B * H)
-        _attention_dkdv[key_grid](q, k, v, grad_out, lse, delta, dk, dv, T, S, D, ctx.scale, CAUSAL=ctx.causal, **settings)
-        _attention_dq[query_grid](q, k, v, grad_out, lse, delta, dq, T, S, D, ctx.scale, CAUSAL=ctx.causal, **settings)
-        return dq, dk, dv, None, None, None, None
+        kernel_args = (T, S, D, ctx.scale, ctx.window)
+        _attention_dkdv[key_grid](q, k, v, grad_out, lse, delta, dk, dv, *kernel_args, CAUSAL=ctx.causal, **settings)
+        _attention_dq[query_grid](q, k, v, grad_out, lse, delta, dq, *kernel_args, CAUSAL=ctx.causal, **settings)
+        return dq, dk, dv, None, None, None, None, None

@@ -60,8 +60,8 @@ class ModelConfig:
     attn_window: int = 0  # S layers attend to the last attn_window positions, themselves included (0: no S layers)
     window_pattern: str = "L"  # S (sliding window) / L (full context) cycled over layers, e.g. SSSL; last layer always L
     # sdpa: F.scaled_dot_product_attention | math: softmax(q k^T / sqrt(d)) v spelled out | flash: FlashAttention-2
-    # in PyTorch | triton: FlashAttention-2 Triton kernels. flash and triton compute the unmasked causal calls
-    # (training, scoring, a prefill into an empty cache); masked calls (sliding window, decoding) use sdpa.
+    # in PyTorch | triton: FlashAttention-2 Triton kernels. flash and triton compute the causal calls, windowed or
+    # not (training, scoring, a prefill into an empty cache); calls with a mask (decoding, padding) use sdpa.
     attention: str = "sdpa"
     norm_impl: str = "torch"  # RMSNorm: torch (F.rms_norm) | triton (fused kernel, gptlab.kernels.triton_rmsnorm)
 

@@ -23,10 +23,11 @@ Each part can also be switched alone (ModelConfig), as modded-nanogpt and nanoch
 Attention runs through `F.scaled_dot_product_attention` (flash attention on
 CUDA) or, for reference, the explicit softmax(QK^T / sqrt(d)) V; tests prove
 them equal. `attention` "flash" and "triton" run FlashAttention-2 from
-gptlab.kernels (PyTorch, Triton) on the unmasked causal calls: training,
-scoring, a prefill into an empty cache. Calls with a mask (sliding-window
-layers, decoding from a cache, padded batches) go to SDPA: the kernels know the
-causal mask only. A sliding-window layer passes a banded mask instead of `is_causal`,
+gptlab.kernels (PyTorch, Triton) on the causal calls without a mask: training,
+scoring, a prefill into an empty cache, sliding-window layers included (the
+kernels cut the window themselves). Calls with a mask (decoding from a cache,
+padded batches) go to SDPA: the kernels know the causal mask and the window only.
+For SDPA a sliding-window layer passes a banded mask instead of `is_causal`,
 so SDPA uses its masked (memory-efficient) kernel there. `norm_impl` "triton"
 runs every RMSNorm through the fused kernel. Embedding and logit
 rows are padded to a multiple of 64; the padded logits are cut off before
@@ -104,7 +105,7 @@ class CausalSelfAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.norm_eps, config.norm_impl)
         self.impl = config.attention  # GPT.set_attention changes it
 
-    def forward(self, x: torch.Tensor, rotary=None, cache=None, layer: int = 0, mask=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rotary=None, cache=None, layer: int = 0, mask=None, window: int = 0) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(
             [self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim], dim=-1
@@ -122,22 +123,23 @@ class CausalSelfAttention(nn.Module):
         if self.n_kv_head != self.n_head:  # grouped-query: each kv head serves n_head / n_kv_head query heads
             repeat = self.n_head // self.n_kv_head
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-        y = self.attend(q, k, v, mask)  # (B, n_head, T, head_dim)
+        y = self.attend(q, k, v, mask, window)  # (B, n_head, T, head_dim)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
 
-    def attend(self, q, k, v, mask: torch.Tensor | None) -> torch.Tensor:
-        """softmax(q k^T / sqrt(d) + mask) v by `self.impl`; flash and triton know only the causal mask, so a call
-        with a mask (sliding window, cache, padding) goes to SDPA. q (B, n_head, T, d), k and v (B, n_head, S, d)."""
+    def attend(self, q, k, v, mask: torch.Tensor | None, window: int = 0) -> torch.Tensor:
+        """softmax(q k^T / sqrt(d) + mask) v by `self.impl`. flash and triton take the causal mask cut to `window`
+        (> 0, given only to them: GPT._layer_masks), so a call with a mask (cache, padding) goes to SDPA.
+        q (B, n_head, T, d), k and v (B, n_head, S, d)."""
         dropout = self.config.dropout if self.training else 0.0
         if self.impl == "math":
             return reference_attention(q, k, v, mask, dropout)
         if mask is not None:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
         if self.impl == "flash":
-            return flash_attention(q, k, v, causal=True)
+            return flash_attention(q, k, v, causal=True, window=window)
         if self.impl == "triton":
-            return triton_flash_attention(q, k, v, causal=True)
+            return triton_flash_attention(q, k, v, causal=True, window=window)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
 
 
@@ -199,12 +201,12 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, rotary=None, cache=None, layer: int = 0, mask=None):
+    def forward(self, x, rotary=None, cache=None, layer: int = 0, mask=None, window: int = 0):
         if self.training and self.dropout.p > 0:
-            x = x + self.dropout(self.attn(self.ln_1(x), rotary, cache, layer, mask))
+            x = x + self.dropout(self.attn(self.ln_1(x), rotary, cache, layer, mask, window))
             return x + self.dropout(self.mlp(self.ln_2(x)))
         # no dropout: skip its module calls, a visible cost when decoding one token at a time
-        x = x + self.attn(self.ln_1(x), rotary, cache, layer, mask)
+        x = x + self.attn(self.ln_1(x), rotary, cache, layer, mask, window)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -297,7 +299,7 @@ class GPT(nn.Module):
             mask = causal_mask(T, start + T, idx.device)
         masks = self._layer_masks(mask, T, start + T, idx.device)
         for layer, block in enumerate(self.transformer["h"]):
-            x = block(x, rotary, cache, layer, masks[layer])
+            x = block(x, rotary, cache, layer, *masks[layer])
         if cache is not None:
             cache.advance(T)
         x = self.transformer["ln_f"](x)
@@ -328,15 +330,18 @@ class GPT(nn.Module):
             x = self.transformer["drop"](x)
         return x, rotary
 
-    def _layer_masks(self, mask: torch.Tensor | None, T: int, S: int, device) -> list[torch.Tensor | None]:
-        """Each layer's attention mask: `mask` (None: plain causal) for full layers; for sliding-window layers
-        the same cut to the last attn_window keys, built once. A window covering all S keys is no cut: skipped."""
+    def _layer_masks(self, mask: torch.Tensor | None, T: int, S: int, device) -> list[tuple[torch.Tensor | None, int]]:
+        """Each layer's attention mask and window: `mask` (None: plain causal) for full layers; for sliding-window
+        layers the same cut to the last attn_window keys, built once. A window covering all S keys is no cut: skipped.
+        The flash and triton kernels cut a window themselves: a plain causal call keeps mask None and gets the window."""
         window = self.config.attn_window
         short = [0 < layer_window < S for layer_window in self.config.layer_windows]
         if not any(short):
-            return [mask] * len(short)
+            return [(mask, 0)] * len(short)
+        if mask is None and all(block.attn.impl in ("flash", "triton") for block in self.transformer["h"]):
+            return [(None, window if is_short else 0) for is_short in short]
         windowed = sliding_window_mask(mask if mask is not None else causal_mask(T, S, device), window)
-        return [windowed if is_short else mask for is_short in short]
+        return [(windowed if is_short else mask, 0) for is_short in short]
 
     def num_params(self, embeddings: bool = True) -> int:
         """Parameters (tied weights once); without embeddings: minus token and position tables (as in nanoGPT)."""
