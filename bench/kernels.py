@@ -3,8 +3,8 @@
     .venv/bin/python bench/kernels.py                 # no GPU: the PyTorch FlashAttention-2 vs SDPA, small sizes, fp32
     .venv/bin/python bench/kernels.py --device cuda   # a GPU: every kernel in bf16, sequences up to 8192
 
-Each line times the forward alone and the forward + backward (median of --rounds after a warm-up call,
-torch.cuda.synchronize around each on a GPU), and divides by SDPA's time (by torch's RMSNorm for the
+Each line times the forward alone and the forward + backward (the fastest of --rounds after a warm-up
+call, taken round robin, torch.cuda.synchronize around each on a GPU), and divides by SDPA's time (by torch's RMSNorm for the
 norm): a ratio above 1 is slower than the reference. Without a GPU, the Triton kernels can only run in
 Triton's interpreter, a NumPy emulation that says nothing about their speed, so they are left out.
 The PyTorch FlashAttention-2 is a readable reference with a Python loop over tiles: it is slow by design.
@@ -28,9 +28,9 @@ GPU_SIZES = [(512, 64), (1024, 64), (2048, 64), (4096, 64), (8192, 64), (1024, 1
 TORCH_FLASH_MAX_T = 1024  # the PyTorch reference launches ~(T / 64)^2 small products per call: past this, seconds per line
 
 
-def median_seconds(calls: dict, device: torch.device, rounds: int) -> dict[str, float]:
-    """Median wall time of each call, taken round robin (a busy machine slows them all alike) after a warm-up
-    round (compiles the Triton kernels, fills caches)."""
+def fastest_seconds(calls: dict, device: torch.device, rounds: int) -> dict[str, float]:
+    """The fastest wall time of each call (the one least disturbed by other work on a shared machine), taken
+    round robin after a warm-up round (compiles the Triton kernels, fills caches)."""
     times: dict[str, list[float]] = {name: [] for name in calls}
     for round_ in range(rounds + 1):
         for name, fn in calls.items():
@@ -42,7 +42,7 @@ def median_seconds(calls: dict, device: torch.device, rounds: int) -> dict[str, 
                 torch.cuda.synchronize()
             if round_:
                 times[name].append(time.perf_counter() - start)
-    return {name: sorted(values)[len(values) // 2] for name, values in times.items()}
+    return {name: min(values) for name, values in times.items()}
 
 
 def forward_and_backward(fn, inputs: tuple, grad_out: torch.Tensor):
@@ -74,7 +74,7 @@ def attention_lines(device: torch.device, dtype: torch.dtype, sizes, tokens: int
             if name == "flash-torch" and device.type == "cuda" and T > TORCH_FLASH_MAX_T:
                 continue
             calls[name], calls[name + " both"] = forward_and_backward(attention, (q, k, v), grad_out)
-        times = median_seconds(calls, device, rounds)
+        times = fastest_seconds(calls, device, rounds)
         cells = []
         for name in implementations:
             if name in times:
@@ -98,7 +98,7 @@ def norm_lines(device: torch.device, dtype: torch.dtype, rows: int, widths, roun
         calls = {}
         for name, norm in implementations.items():
             calls[name], calls[name + " both"] = forward_and_backward(norm, (x, module.weight), grad_out)
-        times = median_seconds(calls, device, rounds)
+        times = fastest_seconds(calls, device, rounds)
         torch_fwd, torch_both, triton_fwd, triton_both = (times[name] for name in ("torch", "torch both", "triton", "triton both"))
         lines.append(f"rmsnorm   rows {rows} C {C:<5}  torch {torch_fwd * 1e3:7.3f} / {torch_both * 1e3:7.3f} ms   "
                      f"triton {triton_fwd * 1e3:7.3f} / {triton_both * 1e3:7.3f} ms (x{triton_fwd / torch_fwd:5.2f} / "
@@ -120,9 +120,9 @@ def main() -> None:
     if not cuda:
         print("# no CUDA GPU: PyTorch FlashAttention-2 vs SDPA only, at small sizes; Triton's interpreter (TRITON_INTERPRET=1) "
               "runs the Triton kernels on CPU for the tests, but is no measure of their speed")
-        print(f"# load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores: other work slows every line alike "
-              "(round robin), but adds noise")
-    print("# each cell: forward / forward+backward ms (x ratio to sdpa, or to torch's RMSNorm); above 1 is slower")
+        print(f"# load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores: other work adds noise; "
+              "each figure is the fastest of its rounds")
+    print("# each cell: forward / forward+backward ms, fastest of rounds (x ratio to sdpa, or to torch's RMSNorm); above 1 is slower")
     sizes, tokens = (GPU_SIZES, 16384) if cuda else (CPU_SIZES, 512)
     for line in attention_lines(device, dtype, sizes, tokens, heads=16 if cuda else 4, rounds=rounds):
         print(line, flush=True)
