@@ -84,6 +84,23 @@ def test_model_kernels_cut_sliding_windows_and_leave_the_kv_cache_to_sdpa(attent
     torch.testing.assert_close(torch.cat(steps, dim=1), ours[0], atol=2e-5, rtol=1e-5)
 
 
+def test_model_with_triton_where_its_kernels_cannot_run_computes_the_same_in_pytorch(monkeypatch):
+    """A model trained with the Triton kernels on a GPU, loaded on a CPU without Triton's interpreter: SDPA and
+    torch's RMSNorm compute it, windows included, and no kernel is called."""
+    import gptlab.model.gpt as gpt
+
+    def no_kernel(*args, **kwargs):
+        raise AssertionError("a Triton kernel was called")
+
+    monkeypatch.setattr(gpt, "triton_runs_on", lambda device: False)
+    monkeypatch.setattr(gpt, "triton_flash_attention", no_kernel)
+    monkeypatch.setattr(gpt, "triton_rms_norm", no_kernel)
+    config = preset("llama-tiny", n_layer=2, qk_norm=True, attn_window=5, window_pattern="SL")
+    idx = ids(config, T=21)
+    ours = logits_loss_and_grads(dataclasses.replace(config, attention="triton", norm_impl="triton"), idx)
+    assert_same_model_outputs(ours, logits_loss_and_grads(config, idx))
+
+
 @pytest.mark.parametrize(("changes", "message"), [
     (dict(attention="fast"), "unknown attention 'fast'; use one of sdpa, math, flash, triton"),
     (dict(norm_impl="cuda"), "unknown norm_impl 'cuda'; use one of torch, triton"),

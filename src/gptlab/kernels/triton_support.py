@@ -7,6 +7,7 @@ TRITON_INTERPRET=1 is set as the kernel module is imported: `triton.jit` reads i
 
 from __future__ import annotations
 
+import functools
 import importlib
 from types import ModuleType
 
@@ -39,3 +40,18 @@ def check_launchable(tensor: torch.Tensor, kernel) -> None:
     if tensor.device.type != "cuda" and not is_interpreted(kernel):
         raise GptlabError(f"Triton kernels run on CUDA tensors, got a {tensor.device.type} tensor: use a CUDA device, "
                           f"or set TRITON_INTERPRET=1 before Python starts to run them (slowly) in Triton's interpreter")
+
+
+def triton_runs_on(device: torch.device) -> bool:
+    """Whether gptlab's Triton kernels can run on tensors of `device`: always on CUDA, elsewhere only where triton
+    is installed and was imported with TRITON_INTERPRET=1. gptlab.model falls back to PyTorch where they cannot."""
+    return device.type == "cuda" or _interpreted_here()
+
+
+@functools.cache
+def _interpreted_here() -> bool:
+    """Triton is installed and interprets (fixed for the process once triton is imported)."""
+    try:
+        return is_interpreted(load_triton_module("triton_attention")._attention_forward)
+    except GptlabError:
+        return False

@@ -62,6 +62,7 @@ class ModelConfig:
     # sdpa: F.scaled_dot_product_attention | math: softmax(q k^T / sqrt(d)) v spelled out | flash: FlashAttention-2
     # in PyTorch | triton: FlashAttention-2 Triton kernels. flash and triton compute the causal calls, windowed or
     # not (training, scoring, a prefill into an empty cache); calls with a mask (decoding, padding) use sdpa.
+    # triton here and below: where its kernels cannot run (a CPU without TRITON_INTERPRET=1), the PyTorch path runs.
     attention: str = "sdpa"
     norm_impl: str = "torch"  # RMSNorm: torch (F.rms_norm) | triton (fused kernel, gptlab.kernels.triton_rmsnorm)
 

@@ -27,6 +27,9 @@ gptlab.kernels (PyTorch, Triton) on the causal calls without a mask: training,
 scoring, a prefill into an empty cache, sliding-window layers included (the
 kernels cut the window themselves). Calls with a mask (decoding from a cache,
 padded batches) go to SDPA: the kernels know the causal mask and the window only.
+"triton" (attention and norm_impl) runs its kernels where they can run, on CUDA
+or in Triton's interpreter, and the PyTorch path elsewhere, so a model trained
+with them on a GPU still runs on a CPU.
 For SDPA a sliding-window layer passes a banded mask instead of `is_causal`,
 so SDPA uses its masked (memory-efficient) kernel there. `norm_impl` "triton"
 runs every RMSNorm through the fused kernel. Embedding and logit
@@ -45,7 +48,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptlab.kernels import flash_attention, triton_flash_attention, triton_rms_norm
+from gptlab.kernels import flash_attention, triton_flash_attention, triton_rms_norm, triton_runs_on
 from gptlab.model.config import ATTENTIONS, ModelConfig
 from gptlab.model.loss import linear_cross_entropy
 from gptlab.runtime import GptlabError
@@ -54,7 +57,8 @@ from gptlab.runtime import GptlabError
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps) * weight, computed in float32 (as Hugging Face Llama does).
 
-    impl "triton": the fused kernel (gptlab.kernels.triton_rmsnorm), proven equal to the lines below."""
+    impl "triton": the fused kernel (gptlab.kernels.triton_rmsnorm), proven equal to the lines below, where it can run
+    (triton_runs_on: a model trained with it on a GPU still runs on a CPU)."""
 
     def __init__(self, dim: int, eps: float, impl: str = "torch") -> None:
         super().__init__()
@@ -62,7 +66,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.impl == "triton":
+        if self.impl == "triton" and triton_runs_on(x.device):
             return triton_rms_norm(x, self.weight, self.eps)
         # F.rms_norm computes x * rsqrt(mean(x^2) + eps) in one kernel: 7x faster than the three ops on a CPU
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
@@ -129,17 +133,19 @@ class CausalSelfAttention(nn.Module):
 
     def attend(self, q, k, v, mask: torch.Tensor | None, window: int = 0) -> torch.Tensor:
         """softmax(q k^T / sqrt(d) + mask) v by `self.impl`. flash and triton take the causal mask cut to `window`
-        (> 0, given only to them: GPT._layer_masks), so a call with a mask (cache, padding) goes to SDPA.
-        q (B, n_head, T, d), k and v (B, n_head, S, d)."""
+        (> 0, given only to them: GPT._layer_masks), so a call with a mask (cache, padding) goes to SDPA, and so
+        does triton where its kernels cannot run (triton_runs_on). q (B, n_head, T, d), k and v (B, n_head, S, d)."""
         dropout = self.config.dropout if self.training else 0.0
         if self.impl == "math":
             return reference_attention(q, k, v, mask, dropout)
+        if mask is None and self.impl == "flash":
+            return flash_attention(q, k, v, causal=True, window=window)
+        if mask is None and self.impl == "triton" and triton_runs_on(q.device):
+            return triton_flash_attention(q, k, v, causal=True, window=window)
+        if mask is None and window:  # triton's window, on SDPA
+            mask = sliding_window_mask(causal_mask(q.shape[-2], k.shape[-2], q.device), window)
         if mask is not None:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-        if self.impl == "flash":
-            return flash_attention(q, k, v, causal=True, window=window)
-        if self.impl == "triton":
-            return triton_flash_attention(q, k, v, causal=True, window=window)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
 
 
