@@ -41,6 +41,17 @@ def test_triton_rms_norm_equals_the_module_in_float32(triton_device, shape):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
 
 
+def test_triton_rms_norm_backward_with_fewer_programs_than_rows_sums_their_partial_weight_gradients(triton_device, monkeypatch):
+    """3 programs for 15 rows: each walks every third row and keeps its own partial dweight."""
+    from gptlab.kernels import triton_rmsnorm
+
+    monkeypatch.setattr(triton_rmsnorm, "PARTIALS", 3)
+    x, weight = inputs((15, 24), device=triton_device)
+    ours = norm_outputs_and_grads(lambda x, w: triton_rms_norm(x, w, 1e-5), x, weight)
+    for a, b in zip(ours, reference_outputs_and_grads(x, weight)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16], ids=["fp32-weight", "bf16-weight"])
 def test_triton_rms_norm_of_bfloat16_rounds_as_the_module_does(triton_device, weight_dtype):
     """bf16 activations (autocast) with a float32 or bf16 weight: the same output dtype, the same rounded values."""
