@@ -87,6 +87,8 @@ def test_micro_batch_memory_counts_attention_scores_only_where_sdpa_falls_back_t
     assert cpu_gap == 2 * (scores + masks)
     cuda = torch.device("cuda")  # only named: nothing runs on it
     assert micro_batch_memory(dropout, 4, 64, precision="fp32", device=cuda) - micro_batch_memory(plain, 4, 64, precision="fp32", device=cuda) == 2 * masks
+    math = preset("gpt2-tiny", attention="math")  # the spelled-out reference keeps its scores everywhere
+    assert micro_batch_memory(math, 4, 64, precision="fp32", device=cuda) - micro_batch_memory(plain, 4, 64, precision="fp32", device=cuda) == 2 * (2 * 4 * 64 * 64 * 4)
 
 
 @pytest.mark.parametrize(("micro_batch", "smaller"), [(16, 8), (12, 6), (9, 3), (7, 1), (2, 1), (1, 0)])

@@ -364,6 +364,10 @@ def test_a_run_saved_before_a_field_existed_resumes_when_the_field_is_at_its_def
         record = json.loads(marker.read_text())
         del record["config"]["optimizer"]["muon_momentum"], record["config"]["seed"]  # as written by an older gptlab
         marker.write_text(json.dumps(record))
+        for path in out.glob("checkpoints/*/trainer_state.json"):  # checkpoints saved before model.attention existed
+            state = json.loads(path.read_text())
+            state["config"]["model"].pop("attention", None), state["config"]["model"].pop("norm_impl", None)
+            path.write_text(json.dumps(state))
 
     as_if_older()
     assert Trainer(config, log=lambda *_: None).fit().status == "already finished"

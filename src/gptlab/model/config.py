@@ -10,6 +10,8 @@ One dataclass covers both families:
 choice can be measured alone: `position`, `norm` and `activation` ("" = the arch's own),
 `qk_norm`, `tie_embeddings`, `logit_softcap`, `zero_init`, and sliding-window attention
 (`attn_window` with `window_pattern`). Their defaults are the families as they were.
+`attention` and `norm_impl` choose how attention and RMSNorm are computed (gptlab.kernels), not what:
+every choice gives the same numbers.
 
 Presets are functions of no arguments returning a config; `preset(name)` looks them up.
 Not here: the layers (gptlab.model.gpt).
@@ -28,6 +30,9 @@ ARCH_DEFAULTS = {
     "llama": {"position": "rotary", "norm": "rms", "activation": "swiglu"},
 }
 CHOICES = {"position": ("learned", "rotary"), "norm": ("layer", "rms"), "activation": ("gelu", "swiglu", "relu2")}
+# How attention and RMSNorm are computed: the same numbers (tests/kernels), other speed and memory.
+ATTENTIONS = ("sdpa", "math", "flash", "triton")
+NORM_IMPLS = ("torch", "triton")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +59,12 @@ class ModelConfig:
     zero_init: bool = False  # attention and MLP output projections start at zero: each block starts as the identity
     attn_window: int = 0  # S layers attend to the last attn_window positions, themselves included (0: no S layers)
     window_pattern: str = "L"  # S (sliding window) / L (full context) cycled over layers, e.g. SSSL; last layer always L
+    # sdpa: F.scaled_dot_product_attention | math: softmax(q k^T / sqrt(d)) v spelled out | flash: FlashAttention-2
+    # in PyTorch | triton: FlashAttention-2 Triton kernels. flash and triton compute the causal calls, windowed or
+    # not (training, scoring, a prefill into an empty cache); calls with a mask (decoding, padding) use sdpa.
+    # triton here and below: where its kernels cannot run (a CPU without TRITON_INTERPRET=1), the PyTorch path runs.
+    attention: str = "sdpa"
+    norm_impl: str = "torch"  # RMSNorm: torch (F.rms_norm) | triton (fused kernel, gptlab.kernels.triton_rmsnorm)
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:
@@ -76,6 +87,7 @@ class ModelConfig:
         if not 0.0 <= self.logit_softcap < float("inf"):
             raise GptlabError(f"logit_softcap must be 0 (off) or a positive number, got {self.logit_softcap}")
         self._check_window()
+        self._check_kernels()
 
     def _check_window(self) -> None:
         if self.attn_window < 0:
@@ -86,6 +98,18 @@ class ModelConfig:
         if "S" in self.window_pattern and self.attn_window == 0:
             raise GptlabError(f"window_pattern {self.window_pattern!r} has sliding-window (S) layers but attn_window is 0; "
                               f"set --model.attn_window to the positions an S layer sees, or use window_pattern L")
+
+    def _check_kernels(self) -> None:
+        if self.attention not in ATTENTIONS:
+            raise GptlabError(f"unknown attention {self.attention!r}; use one of {', '.join(ATTENTIONS)}")
+        if self.norm_impl not in NORM_IMPLS:
+            raise GptlabError(f"unknown norm_impl {self.norm_impl!r}; use one of {', '.join(NORM_IMPLS)}")
+        if self.attention in ("flash", "triton") and self.dropout > 0:
+            raise GptlabError(f"attention {self.attention!r} has no attention dropout, got dropout {self.dropout}; "
+                              f"set dropout 0 or attention sdpa")
+        if self.norm_impl == "triton" and self.norm_kind != "rms" and not self.qk_norm:
+            raise GptlabError(f"norm_impl 'triton' fuses RMSNorm, and this model has none (norm {self.norm_kind!r}); "
+                              f"set norm rms or qk_norm, or norm_impl torch")
 
     @property
     def head_dim(self) -> int:

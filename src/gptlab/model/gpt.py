@@ -22,8 +22,17 @@ Each part can also be switched alone (ModelConfig), as modded-nanogpt and nanoch
 
 Attention runs through `F.scaled_dot_product_attention` (flash attention on
 CUDA) or, for reference, the explicit softmax(QK^T / sqrt(d)) V; tests prove
-them equal. A sliding-window layer passes a banded mask instead of `is_causal`,
-so SDPA uses its masked (memory-efficient) kernel there. Embedding and logit
+them equal. `attention` "flash" and "triton" run FlashAttention-2 from
+gptlab.kernels (PyTorch, Triton) on the causal calls without a mask: training,
+scoring, a prefill into an empty cache, sliding-window layers included (the
+kernels cut the window themselves). Calls with a mask (decoding from a cache,
+padded batches) go to SDPA: the kernels know the causal mask and the window only.
+"triton" (attention and norm_impl) runs its kernels where they can run, on CUDA
+or in Triton's interpreter, and the PyTorch path elsewhere, so a model trained
+with them on a GPU still runs on a CPU.
+For SDPA a sliding-window layer passes a banded mask instead of `is_causal`,
+so SDPA uses its masked (memory-efficient) kernel there. `norm_impl` "triton"
+runs every RMSNorm through the fused kernel. Embedding and logit
 rows are padded to a multiple of 64; the padded logits are cut off before
 anyone sees them.
 
@@ -39,22 +48,26 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptlab.model.config import ModelConfig
+from gptlab.kernels import flash_attention, triton_flash_attention, triton_rms_norm, triton_runs_on
+from gptlab.model.config import ATTENTIONS, ModelConfig
 from gptlab.model.loss import linear_cross_entropy
 from gptlab.runtime import GptlabError
 
-ATTENTION_IMPLS = ("sdpa", "math")
-
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight, computed in float32 (as Hugging Face Llama does)."""
+    """x / sqrt(mean(x^2) + eps) * weight, computed in float32 (as Hugging Face Llama does).
 
-    def __init__(self, dim: int, eps: float) -> None:
+    impl "triton": the fused kernel (gptlab.kernels.triton_rmsnorm), proven equal to the lines below, where it can run
+    (triton_runs_on: a model trained with it on a GPU still runs on a CPU)."""
+
+    def __init__(self, dim: int, eps: float, impl: str = "torch") -> None:
         super().__init__()
-        self.eps = eps
+        self.eps, self.impl = eps, impl
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.impl == "triton" and triton_runs_on(x.device):
+            return triton_rms_norm(x, self.weight, self.eps)
         # F.rms_norm computes x * rsqrt(mean(x^2) + eps) in one kernel: 7x faster than the three ops on a CPU
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * normed.to(x.dtype)
@@ -64,7 +77,7 @@ def make_norm(config: ModelConfig, dim: int | None = None) -> nn.Module:
     dim = dim or config.n_embd
     if config.norm_kind == "layer":
         return nn.LayerNorm(dim, eps=config.norm_eps, bias=config.bias)
-    return RMSNorm(dim, config.norm_eps)
+    return RMSNorm(dim, config.norm_eps, config.norm_impl)
 
 
 def rotary_tables(config: ModelConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,11 +105,11 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.c_proj.residual = True  # init scaled by 1/sqrt(2 n_layer)
         if config.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, config.norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, config.norm_eps)
-        self.impl = "sdpa"
+            self.q_norm = RMSNorm(self.head_dim, config.norm_eps, config.norm_impl)
+            self.k_norm = RMSNorm(self.head_dim, config.norm_eps, config.norm_impl)
+        self.impl = config.attention  # GPT.set_attention changes it
 
-    def forward(self, x: torch.Tensor, rotary=None, cache=None, layer: int = 0, mask=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rotary=None, cache=None, layer: int = 0, mask=None, window: int = 0) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(
             [self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim], dim=-1
@@ -114,16 +127,26 @@ class CausalSelfAttention(nn.Module):
         if self.n_kv_head != self.n_head:  # grouped-query: each kv head serves n_head / n_kv_head query heads
             repeat = self.n_head // self.n_kv_head
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-        dropout = self.config.dropout if self.training else 0.0
-        if self.impl == "sdpa":
-            if mask is None:
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
-            else:
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-        else:
-            y = reference_attention(q, k, v, mask, dropout)
+        y = self.attend(q, k, v, mask, window)  # (B, n_head, T, head_dim)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
+
+    def attend(self, q, k, v, mask: torch.Tensor | None, window: int = 0) -> torch.Tensor:
+        """softmax(q k^T / sqrt(d) + mask) v by `self.impl`. flash and triton take the causal mask cut to `window`
+        (> 0, given only to them: GPT._layer_masks), so a call with a mask (cache, padding) goes to SDPA, and so
+        does triton where its kernels cannot run (triton_runs_on). q (B, n_head, T, d), k and v (B, n_head, S, d)."""
+        dropout = self.config.dropout if self.training else 0.0
+        if self.impl == "math":
+            return reference_attention(q, k, v, mask, dropout)
+        if mask is None and self.impl == "flash":
+            return flash_attention(q, k, v, causal=True, window=window)
+        if mask is None and self.impl == "triton" and triton_runs_on(q.device):
+            return triton_flash_attention(q, k, v, causal=True, window=window)
+        if mask is None and window:  # triton's window, on SDPA
+            mask = sliding_window_mask(causal_mask(q.shape[-2], k.shape[-2], q.device), window)
+        if mask is not None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
 
 
 def causal_mask(T: int, S: int, device=None) -> torch.Tensor:
@@ -184,12 +207,12 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, rotary=None, cache=None, layer: int = 0, mask=None):
+    def forward(self, x, rotary=None, cache=None, layer: int = 0, mask=None, window: int = 0):
         if self.training and self.dropout.p > 0:
-            x = x + self.dropout(self.attn(self.ln_1(x), rotary, cache, layer, mask))
+            x = x + self.dropout(self.attn(self.ln_1(x), rotary, cache, layer, mask, window))
             return x + self.dropout(self.mlp(self.ln_2(x)))
         # no dropout: skip its module calls, a visible cost when decoding one token at a time
-        x = x + self.attn(self.ln_1(x), rotary, cache, layer, mask)
+        x = x + self.attn(self.ln_1(x), rotary, cache, layer, mask, window)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -236,9 +259,12 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def set_attention(self, impl: str) -> GPT:
-        """"sdpa" (F.scaled_dot_product_attention: flash on CUDA) or "math" (the explicit reference)."""
-        if impl not in ATTENTION_IMPLS:
-            raise GptlabError(f"unknown attention implementation {impl!r}; use one of {', '.join(ATTENTION_IMPLS)}")
+        """"sdpa" (F.scaled_dot_product_attention: flash on CUDA), "math" (the explicit reference), "flash"
+        (FlashAttention-2 in PyTorch) or "triton" (its Triton kernels); the config's `attention` is the default."""
+        if impl not in ATTENTIONS:
+            raise GptlabError(f"unknown attention implementation {impl!r}; use one of {', '.join(ATTENTIONS)}")
+        if impl in ("flash", "triton") and self.config.dropout > 0:
+            raise GptlabError(f"attention {impl!r} has no attention dropout, and this model has dropout {self.config.dropout}")
         for block in self.transformer["h"]:
             block.attn.impl = impl
         return self
@@ -279,7 +305,7 @@ class GPT(nn.Module):
             mask = causal_mask(T, start + T, idx.device)
         masks = self._layer_masks(mask, T, start + T, idx.device)
         for layer, block in enumerate(self.transformer["h"]):
-            x = block(x, rotary, cache, layer, masks[layer])
+            x = block(x, rotary, cache, layer, *masks[layer])
         if cache is not None:
             cache.advance(T)
         x = self.transformer["ln_f"](x)
@@ -310,15 +336,18 @@ class GPT(nn.Module):
             x = self.transformer["drop"](x)
         return x, rotary
 
-    def _layer_masks(self, mask: torch.Tensor | None, T: int, S: int, device) -> list[torch.Tensor | None]:
-        """Each layer's attention mask: `mask` (None: plain causal) for full layers; for sliding-window layers
-        the same cut to the last attn_window keys, built once. A window covering all S keys is no cut: skipped."""
+    def _layer_masks(self, mask: torch.Tensor | None, T: int, S: int, device) -> list[tuple[torch.Tensor | None, int]]:
+        """Each layer's attention mask and window: `mask` (None: plain causal) for full layers; for sliding-window
+        layers the same cut to the last attn_window keys, built once. A window covering all S keys is no cut: skipped.
+        The flash and triton kernels cut a window themselves: a plain causal call keeps mask None and gets the window."""
         window = self.config.attn_window
         short = [0 < layer_window < S for layer_window in self.config.layer_windows]
         if not any(short):
-            return [mask] * len(short)
+            return [(mask, 0)] * len(short)
+        if mask is None and all(block.attn.impl in ("flash", "triton") for block in self.transformer["h"]):
+            return [(None, window if is_short else 0) for is_short in short]
         windowed = sliding_window_mask(mask if mask is not None else causal_mask(T, S, device), window)
-        return [windowed if is_short else mask for is_short in short]
+        return [(windowed if is_short else mask, 0) for is_short in short]
 
     def num_params(self, embeddings: bool = True) -> int:
         """Parameters (tied weights once); without embeddings: minus token and position tables (as in nanoGPT)."""

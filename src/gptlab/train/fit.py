@@ -55,9 +55,10 @@ def micro_batch_memory(model: ModelConfig, micro_batch: int, seq_len: int, *, pr
     """Estimated bytes of one training step at this micro-batch: fp32 weights, AdamW, autocast at `precision`.
 
     Attention keeps no T x T scores where SDPA runs a flash kernel: always on CUDA; on CPU only
-    without dropout (with dropout it falls back to the math kernel).
+    without dropout (with dropout it falls back to the math kernel). attention "flash" and "triton" (no dropout)
+    keep none either; "math", the spelled-out reference, keeps them.
     """
-    flash = device.type == "cuda" or model.dropout == 0
+    flash = model.attention != "math" and (device.type == "cuda" or model.dropout == 0)
     return training_memory(model, micro_batch, seq_len, param_dtype="fp32", amp=precision, optimizer="adamw",
                            flash_attention=flash)["total"]
 

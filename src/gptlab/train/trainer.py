@@ -65,7 +65,7 @@ from gptlab.runs.machine import MACHINE_FILE
 from gptlab.runs.report import REPORT_FILE
 from gptlab.runs.samples import SAMPLES_FILE
 from gptlab.runtime import GptlabError, atomic_write_text
-from gptlab.runtime.config import field_defaults
+from gptlab.runtime.config import config_changes, field_defaults
 from gptlab.runtime.device import Runtime, autocast, init_runtime, resolve_precision, rng_state, seed_everything, set_rng_state
 from gptlab.runtime.rundir import claim_run_folder
 from gptlab.train.checkpoint import (
@@ -613,7 +613,10 @@ class Trainer:
         """Resuming with a different model, batch or data would silently be a different run."""
         old, current = saved.get("config", {}), dataclasses.asdict(self.config)
         keys = ("model", "batch_tokens", "seq_len", "loader_mode", "seed")  # micro_batch: the checkpoint's is adopted
-        changed = [key for key in keys if old.get(key) != current.get(key)]
+        # a field added to gptlab since the checkpoint was saved (model.attention, ...) is no change at its default
+        defaults = field_defaults(type(self.config))
+        changed = [key for key in keys if config_changes({key: old[key]} if key in old else {}, {key: current.get(key)},
+                                                         defaults=defaults)]
         if changed:
             raise GptlabError(f"{self.config.out} holds checkpoints of a run with other settings ({', '.join(changed)}); "
                               "use another --out, or --force to start over")
