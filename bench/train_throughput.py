@@ -12,12 +12,15 @@ Sides, each on the same random batches:
             (AdamW, fused only on CUDA: a Python loop over tensors on a CPU).
 - gptlab:   gptlab.model.GPT (arch gpt2) as the Trainer runs it by default: torch's fused AdamW kernel (impl auto)
             and the head fused with the cross-entropy in chunks (fused_loss, gptlab.model.loss).
+- gptlab-glibc-malloc: the default side with glibc's own malloc settings, which gptlab's runtime changes
+            (gptlab.runtime.memory: freed temporaries kept for the next step instead of unmapped).
 - gptlab-unfused-loss: the same with the plain head and F.cross_entropy, as nanoGPT computes its loss.
 - gptlab-readable: the default side with gptlab's readable AdamW, the reference the fused kernel is tested against.
 - gptlab-compiled (--compile): the default side under torch.compile, as `--compile` trains.
 
 bf16: both sides under torch.autocast(bfloat16), as gptlab trains with --precision bf16 (nanoGPT's
-train.py autocasts on CUDA only). Sides are timed in turn, `--rounds` rounds, so drift on a shared
+train.py autocasts on CUDA only). Each side lives in a process of its own (malloc's settings are
+per process), idle while the others run. Sides are timed in turn, `--rounds` rounds, so drift on a shared
 machine falls on all alike; the medians are compared, with a Mann-Whitney test of the rounds.
 Also printed: the achieved matmul FLOP/s of each side, against a plain matmul of the head's shape.
 """
@@ -25,6 +28,7 @@ Also printed: the achieved matmul FLOP/s of each side, against a plain matmul of
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
 import time
 from contextlib import nullcontext
@@ -36,24 +40,42 @@ from scipy.stats import mannwhitneyu
 
 from gptlab.model import GPT, preset
 from gptlab.model.accounting import flops_per_token
+from gptlab.runtime.memory import keep_freed_memory
 from gptlab.train.optim import OptimizerConfig, build_optimizer
 
 VOCAB, LAYERS, HEADS, WIDTH, BLOCK, BATCH = 50_304, 6, 6, 384, 256, 8
 
 
-def sides(compile_too: bool) -> dict:
-    """name -> (model, optimizer, forward's keywords), every model starting from the same weights where the layouts match."""
+SIDES = ["nanogpt", "gptlab", "gptlab-glibc-malloc", "gptlab-unfused-loss", "gptlab-readable"]
+
+
+def make_side(name: str) -> tuple:
+    """(model, optimizer, forward's keywords) of one side, every model starting from the same weights where the layouts match."""
     torch.manual_seed(0)
-    nano = NanoGPT(VOCAB, BLOCK, LAYERS, HEADS, WIDTH, bias=False)
+    if name == "nanogpt":
+        nano = NanoGPT(VOCAB, BLOCK, LAYERS, HEADS, WIDTH, bias=False)
+        return nano, nano.configure_optimizers(0.1, 6e-4, (0.9, 0.95), "cpu"), {}
+    if name not in ("gptlab-glibc-malloc", "nanogpt"):
+        keep_freed_memory()  # what init_runtime does for every gptlab run; nanoGPT's train.py leaves glibc's default
     config = preset("gpt2", vocab_size=VOCAB, n_layer=LAYERS, n_head=HEADS, n_embd=WIDTH, block_size=BLOCK, bias=False)
-    made = {"nanogpt": (nano, nano.configure_optimizers(0.1, 6e-4, (0.9, 0.95), "cpu"), {})}
-    for name, impl, fused in [("gptlab", "auto", True), ("gptlab-unfused-loss", "auto", False), ("gptlab-readable", "gptlab", True)]:
-        model = GPT(config)
-        made[name] = (model, build_optimizer(model, OptimizerConfig(lr=6e-4, impl=impl), "cpu"), {"fused_loss": fused})
-    if compile_too:  # the plain loss: torch.compile fuses it its own way
-        model = GPT(config)
-        made["gptlab-compiled"] = (torch.compile(model), build_optimizer(model, OptimizerConfig(lr=6e-4), "cpu"), {})
-    return made
+    model = GPT(config)
+    impl = "gptlab" if name == "gptlab-readable" else "auto"
+    optimizer = build_optimizer(model, OptimizerConfig(lr=6e-4, impl=impl), "cpu")
+    if name == "gptlab-compiled":  # the plain loss: torch.compile fuses it its own way
+        return torch.compile(model), optimizer, {}
+    return model, optimizer, {"fused_loss": name != "gptlab-unfused-loss"}
+
+
+def worker(name: str, precision: str, steps: int, conn) -> None:
+    """One side in a process of its own (so glibc's settings are each side's own): a round's s/step per request."""
+    cast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+    model, optimizer, kwargs = make_side(name)
+    generator = torch.Generator().manual_seed(1)
+    batches = [(torch.randint(0, VOCAB, (BATCH, BLOCK), generator=generator),) * 2 for _ in range(steps)]
+    time_round(model, optimizer, kwargs, batches[:2], cast)  # warm up: allocations, optimizer state, compilation
+    conn.send("ready")
+    while conn.recv():
+        conn.send(time_round(model, optimizer, kwargs, batches, cast))
 
 
 def step(model, optimizer, x, y, cast, kwargs) -> None:
@@ -85,16 +107,21 @@ def matmul_peak(cast) -> float:
 
 def measure(precision: str, rounds: int, steps: int, compile_too: bool) -> None:
     cast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
-    made = sides(compile_too)
-    generator = torch.Generator().manual_seed(1)
-    batches = [(torch.randint(0, VOCAB, (BATCH, BLOCK), generator=generator),) * 2 for _ in range(steps)]
-    for side in made.values():  # warm up: allocations, optimizer state, compilation
-        time_round(*side, batches[:2], cast)
-    times = {name: [] for name in made}
-    for _ in range(rounds):
-        for name, side in made.items():
-            times[name].append(time_round(*side, batches, cast))
-    config = made["gptlab"][0].config
+    context = multiprocessing.get_context("spawn")
+    pipes = {}
+    for name in SIDES + (["gptlab-compiled"] if compile_too else []):  # one at a time: warm-ups do not overlap
+        mine, theirs = context.Pipe()
+        context.Process(target=worker, args=(name, precision, steps, theirs), daemon=True).start()
+        mine.recv()
+        pipes[name] = mine
+    times = {name: [] for name in pipes}
+    for _ in range(rounds):  # sides in turn, each waiting idle while the others run
+        for name, pipe in pipes.items():
+            pipe.send(True)
+            times[name].append(pipe.recv())
+    for pipe in pipes.values():
+        pipe.send(False)
+    config = preset("gpt2", vocab_size=VOCAB, n_layer=LAYERS, n_head=HEADS, n_embd=WIDTH, block_size=BLOCK, bias=False)
     flops = flops_per_token(config, BLOCK)["training"] * BATCH * BLOCK
     peak = matmul_peak(cast)
     anchor = statistics.median(times["nanogpt"])
