@@ -240,3 +240,16 @@ def test_cli_profile_errors_in_one_line(tmp_path, capsys, extra, message):
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not (tmp_path / "prof").exists()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_profile_training_on_cuda_writes_the_allocator_snapshot_and_uses_the_datasheet_peak(tmp_path):
+    config = ProfileConfig(model=preset("gpt2-tiny", block_size=T), batch_size=B, precision="bf16", steps=2, warmup=2,
+                           trace_steps=1, peak_seconds=0.05)
+    summary = profile_training(config, torch.device("cuda"), tmp_path / "prof")
+    assert "memory_snapshot.pickle" in summary["files"] and (tmp_path / "prof" / "memory_snapshot.pickle").stat().st_size
+    assert summary["memory"]["kind"] == "torch.cuda.max_memory_allocated" and summary["memory"]["peak"] > 0
+    known = any(key in torch.cuda.get_device_name().lower() for key in ("a100", "h100", "h200"))
+    assert summary["peak_source"].startswith("datasheet" if known else "measured")
+    assert "Self CUDA" in (tmp_path / "prof" / "ops.txt").read_text()
