@@ -12,7 +12,8 @@ V' = padded vocab, T = seq_len, B = batch size.
                with activation checkpointing, the blocks' inputs + one block's)
                + autocast weight copies + logits + the loss's gradients
 
-Not here: measuring anything (gptlab.train.metrics reports measured throughput).
+Not here: measuring anything (gptlab.train.metrics reports measured throughput; gptlab.train.profile
+puts these figures beside measured ones).
 """
 
 from __future__ import annotations
