@@ -221,6 +221,7 @@ def trace(step: _Step, out: Path, steps: int) -> dict[str, int]:
     _export(out / "trace.json", profiler.export_chrome_trace)
     sort = "self_device_time_total" if cuda else "self_cpu_time_total"
     table = profiler.key_averages().table(sort_by=sort, row_limit=20, max_name_column_width=64)
+    table = "\n".join(line.rstrip() for line in table.splitlines())
     atomic_write_text(out / "ops.txt", f"top ops by self time over {steps} traced steps ({sort})\n{table}\n")
     if cuda:
         torch.cuda.memory._record_memory_history(max_entries=200_000)
