@@ -12,6 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from gptlab.cli.main import main
 from gptlab.model import GPT, preset
 from gptlab.model.accounting import activation_bytes_per_layer, flops_per_token, training_memory
+from gptlab.model.io import save_model
 from gptlab.runtime import check_out_dir
 from gptlab.train import Trainer
 from gptlab.train.checkpoint import list_checkpoints
@@ -217,6 +218,18 @@ def test_cli_profile_writes_the_trace_ops_timeline_and_summary(tmp_path, capsys)
     for start in ("profile     gpt2-tiny on cpu", "time        forward ", "FLOPs/token ", "MFU         ", "memory      peak "):
         assert start in printed
     assert sorted(check_out_dir(out, PROFILE_FILES)) == sorted(summary["files"])  # a rerun may replace them all
+
+
+def test_cli_profile_reads_the_model_of_a_saved_folder(tmp_path, capsys):
+    model = preset("llama-tiny", n_layer=1)
+    save_model(GPT(model), tmp_path / "model")
+    argv = ["profile", "--checkpoint", str(tmp_path / "model"), "--batch", "2", "--steps", "1", "--warmup", "2",
+            "--trace-steps", "1", "--device", "cpu", "--out", str(tmp_path / "prof")]
+    assert main(argv) == 0
+    summary = json.loads((tmp_path / "prof" / "profile.json").read_text())
+    assert summary["config"]["model"] == dataclasses.asdict(model) and summary["seq_len"] == model.block_size
+    assert summary["config"]["optimizer"]["kind"] == "adamw"
+    assert f"profile     {tmp_path / 'model'} on cpu" in capsys.readouterr().out
 
 
 def test_cli_profile_refuses_a_folder_holding_something_else(tmp_path, capsys):
