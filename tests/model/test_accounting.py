@@ -190,6 +190,17 @@ def test_training_memory_matches_hand_sums():
     assert fp32["activations"] == 2 * (65_536 + 2 * 81_920 + 2 * 147_456)
 
 
+def test_training_memory_with_activation_checkpointing_keeps_the_block_inputs_and_one_block():
+    # gpt2-tiny, B 4, T 64 (hand sums above): 2 block inputs 2 x 256 x 32 x 4 = 65,536 (fp32 residual stream)
+    #   + one block's 294,912 = 360,448 instead of 589,824; nothing else changes.
+    plain = training_memory(preset("gpt2-tiny"), 4, 64)
+    checkpointed = training_memory(preset("gpt2-tiny"), 4, 64, activation_checkpointing=True)
+    assert checkpointed["activations"] == 65_536 + 294_912 == 360_448
+    assert checkpointed["total"] == plain["total"] - 589_824 + 360_448
+    assert {k: v for k, v in checkpointed.items() if k not in ("activations", "total")} == {
+        k: v for k, v in plain.items() if k not in ("activations", "total")}
+
+
 def test_activation_bytes_reproduce_korthikanti_formula_for_gpt2():
     # Korthikanti et al. 2022: s b h (34 + 5 a s / h) bytes per layer, 16-bit, dropout, no flash attention.
     config = preset("gpt2-tiny", dropout=0.1)

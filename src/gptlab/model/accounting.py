@@ -8,10 +8,12 @@ V' = padded vocab, T = seq_len, B = batch size.
     params     wte V'd (+ wpe T_max d for learned positions) + L * block + final norm (+ lm_head V'd if untied)
     FLOPs      6N + 12 L d T per trained token (PaLM, Chowdhery et al. 2022, appendix B; nanoGPT estimate_mfu),
                a sliding-window layer counting min(T, window) keys per query instead of T
-    memory     parameters + gradients + optimizer moments + activations (Korthikanti et al. 2022)
+    memory     parameters + gradients + optimizer moments + activations (Korthikanti et al. 2022;
+               with activation checkpointing, the blocks' inputs + one block's)
                + autocast weight copies + logits + the loss's gradients
 
-Not here: measuring anything (gptlab.train.metrics reports measured throughput).
+Not here: measuring anything (gptlab.train.metrics reports measured throughput; gptlab.train.profile
+puts these figures beside measured ones).
 """
 
 from __future__ import annotations
@@ -202,13 +204,16 @@ def training_memory(
     amp: str | torch.dtype = "bf16",
     optimizer: str = "adamw",
     flash_attention: bool = True,
+    activation_checkpointing: bool = False,
 ) -> dict[str, int]:
     """Bytes for one training step of `batch_size` x `seq_len` tokens, by part.
 
         parameters   P x param bytes (tied weights once)
         gradients    P x param bytes
         optimizer    states x P x param bytes (AdamW: m and v, zeros_like(p): 8 bytes/param in fp32)
-        activations  L x activation_bytes_per_layer (Korthikanti et al. 2022, adapted; see there)
+        activations  L x activation_bytes_per_layer (Korthikanti et al. 2022, adapted; see there);
+                     activation_checkpointing (GPT.set_activation_checkpointing): L x B T d x param bytes
+                     (each block's input, the residual stream) + one block's activations, recomputed in its backward
         weight_casts N x amp bytes when amp is narrower than the parameters: autocast's 16-bit copy
                      of every matmul weight (N as in flops_per_token), kept until its backward
         logits       B T V x 4: the fp32 log-softmax the loss keeps for backward
@@ -227,14 +232,17 @@ def training_memory(
         raise GptlabError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZER_STATES)}")
     params = param_counts(config)["total"]
     param_bytes, amp_bytes = _bytes_per_element(param_dtype), _bytes_per_element(amp)
+    per_layer = activation_bytes_per_layer(config, batch_size, seq_len, param_dtype=param_dtype, amp=amp,
+                                           flash_attention=flash_attention)
+    if activation_checkpointing:
+        activations = config.n_layer * batch_size * seq_len * config.n_embd * param_bytes + per_layer
+    else:
+        activations = config.n_layer * per_layer
     parts = {
         "parameters": params * param_bytes,
         "gradients": params * param_bytes,
         "optimizer": OPTIMIZER_STATES[optimizer] * params * param_bytes,
-        "activations": config.n_layer
-        * activation_bytes_per_layer(
-            config, batch_size, seq_len, param_dtype=param_dtype, amp=amp, flash_attention=flash_attention
-        ),
+        "activations": activations,
         "weight_casts": flops_per_token(config, seq_len)["matmul_params"] * amp_bytes if amp_bytes < param_bytes else 0,
         "logits": batch_size * seq_len * config.vocab_size * 4,
         "logit_grads": 2 * batch_size * seq_len * config.vocab_size * 4,

@@ -20,6 +20,9 @@ Each part can also be switched alone (ModelConfig), as modded-nanogpt and nanoch
     zero_init       output projections start at 0     every block starts as the identity
     attn_window     sliding-window attention in the S layers of window_pattern (nanochat's SSSL)
 
+Activation checkpointing (`set_activation_checkpointing`) keeps only each block's input in training and
+recomputes the block in backward: less memory for one more block forward per block.
+
 Attention runs through `F.scaled_dot_product_attention` (flash attention on
 CUDA) or, for reference, the explicit softmax(QK^T / sqrt(d)) V; tests prove
 them equal. `attention` "flash" and "triton" run FlashAttention-2 from
@@ -47,6 +50,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from gptlab.kernels import flash_attention, triton_flash_attention, triton_rms_norm, triton_runs_on
 from gptlab.model.config import ATTENTIONS, ModelConfig
@@ -239,6 +243,7 @@ class GPT(nn.Module):
             cos, sin = rotary_tables(config)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
+        self.checkpoint_blocks = False  # set_activation_checkpointing
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -267,6 +272,14 @@ class GPT(nn.Module):
             raise GptlabError(f"attention {impl!r} has no attention dropout, and this model has dropout {self.config.dropout}")
         for block in self.transformer["h"]:
             block.attn.impl = impl
+        return self
+
+    def set_activation_checkpointing(self, on: bool = True) -> GPT:
+        """Keep only each block's input for backward and run the block again there (Chen et al. 2016, "Training
+        Deep Nets with Sublinear Memory Cost"): a block's activations are alive for one block at a time instead of
+        all n_layer, for about one more forward (a third more compute). Training only: evaluation, generation
+        and no_grad passes keep nothing to save. A setting of the run, not of the model: it is not saved."""
+        self.checkpoint_blocks = on
         return self
 
     def forward(
@@ -304,8 +317,12 @@ class GPT(nn.Module):
         if mask is None and cache is not None and start > 0:
             mask = causal_mask(T, start + T, idx.device)
         masks = self._layer_masks(mask, T, start + T, idx.device)
+        recompute = self.checkpoint_blocks and self.training and cache is None and torch.is_grad_enabled()
         for layer, block in enumerate(self.transformer["h"]):
-            x = block(x, rotary, cache, layer, *masks[layer])
+            if recompute:  # non-reentrant: any inputs, and the RNG replayed so dropout draws the same masks again
+                x = checkpoint(block, x, rotary, None, layer, *masks[layer], use_reentrant=False)
+            else:
+                x = block(x, rotary, cache, layer, *masks[layer])
         if cache is not None:
             cache.advance(T)
         x = self.transformer["ln_f"](x)

@@ -32,6 +32,7 @@ class TrainConfig:
     grad_clip: float = 1.0  # clip the gradient norm to this (0: no clipping)
     precision: str = "auto"  # auto | fp32 | bf16 | fp16 (fp16 uses a GradScaler)
     compile: bool = False  # torch.compile the training step
+    activation_checkpointing: bool = False  # keep only each block's input, recompute the block in backward: less memory, ~1/3 more compute
     fused_loss: bool = True  # head + cap + cross-entropy fused in chunks (gptlab.model.loss; not with compile); false: the plain path
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     seed: int = 1337  # seeds the weights, dropout and random batches

@@ -51,7 +51,8 @@ def free_memory(device: torch.device) -> int:
                       "pass --micro-batch N instead of 0 (auto)")
 
 
-def micro_batch_memory(model: ModelConfig, micro_batch: int, seq_len: int, *, precision: str, device: torch.device) -> int:
+def micro_batch_memory(model: ModelConfig, micro_batch: int, seq_len: int, *, precision: str, device: torch.device,
+                       activation_checkpointing: bool = False) -> int:
     """Estimated bytes of one training step at this micro-batch: fp32 weights, AdamW, autocast at `precision`.
 
     Attention keeps no T x T scores where SDPA runs a flash kernel: always on CUDA; on CPU only
@@ -60,7 +61,7 @@ def micro_batch_memory(model: ModelConfig, micro_batch: int, seq_len: int, *, pr
     """
     flash = model.attention != "math" and (device.type == "cuda" or model.dropout == 0)
     return training_memory(model, micro_batch, seq_len, param_dtype="fp32", amp=precision, optimizer="adamw",
-                           flash_attention=flash)["total"]
+                           flash_attention=flash, activation_checkpointing=activation_checkpointing)["total"]
 
 
 def cgroup_room(root: Path = CGROUP) -> int | None:
@@ -86,11 +87,12 @@ class MicroBatchChoice:
 
 
 def choose_micro_batch(model: ModelConfig, sequences: int, seq_len: int, *, free: int, precision: str,
-                       device: torch.device) -> MicroBatchChoice:
+                       device: torch.device, activation_checkpointing: bool = False) -> MicroBatchChoice:
     """The largest divisor of `sequences` (per rank and step) whose estimate fits SAFETY × free."""
     budget = SAFETY * free
     for micro_batch in sorted((d for d in range(1, sequences + 1) if sequences % d == 0), reverse=True):
-        estimate = micro_batch_memory(model, micro_batch, seq_len, precision=precision, device=device)
+        estimate = micro_batch_memory(model, micro_batch, seq_len, precision=precision, device=device,
+                                      activation_checkpointing=activation_checkpointing)
         if estimate <= budget:
             return MicroBatchChoice(micro_batch, estimate, free, sequences // micro_batch)
     raise GptlabError(

@@ -24,6 +24,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -97,7 +98,9 @@ def matmul_size(config: ModelConfig, device: torch.device) -> int:
     return min(largest, max(1024, -(-config.hidden_dim // 256) * 256))
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work. CUDA kernels launch asynchronously: without this, a clock read after
+    a call measures the launch, not the work (and the next call's wait lands in the wrong phase)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -113,12 +116,12 @@ def measure_matmul_peak(device: torch.device, precision: str, size: int, seconds
     per_check = 10 if device.type == "cuda" else 1  # a GPU matmul is too short to time one by one
     for _ in range(2):
         F.linear(a, b)
-    _synchronize(device)
+    synchronize(device)
     done, start = 0, time.perf_counter()
     while done < 3 or time.perf_counter() - start < seconds:
         for _ in range(per_check):
             F.linear(a, b)
-        _synchronize(device)
+        synchronize(device)
         done += per_check
     return 2 * size**3 * done / (time.perf_counter() - start)
 
@@ -146,8 +149,8 @@ def _training_step(config: ModelConfig, batch_size: int, seq_len: int, precision
     return step
 
 
-def _warm_up_measuring_memory(build: Callable[[], Callable[[], float]], device: torch.device,
-                              warmup: int) -> tuple[Callable[[], float], int, str]:
+def warm_up_measuring_memory(build: Callable[[], Callable[[], Any]], device: torch.device,
+                             warmup: int) -> tuple[Callable[[], Any], int, str]:
     """Build and run the warm-up steps, tracking peak memory from before the build (see the module docstring)."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -177,9 +180,9 @@ def measure_training(config: ModelConfig, *, batch_size: int, seq_len: int, prec
     if seq_len > config.block_size:
         raise GptlabError(f"seq_len {seq_len} is longer than the model's context ({config.block_size})")
     torch.manual_seed(0)
-    step, peak_memory, memory_kind = _warm_up_measuring_memory(
+    step, peak_memory, memory_kind = warm_up_measuring_memory(
         lambda: _training_step(config, batch_size, seq_len, precision, device), device, warmup)
-    _synchronize(device)
+    synchronize(device)
     start = time.perf_counter()
     losses = [step() for _ in range(steps)]
     seconds = (time.perf_counter() - start) / steps

@@ -88,9 +88,10 @@ from gptlab.train.schedule import learning_rate
 IGNORE = -100  # a target that does not count (the model's ignore_index)
 # What a run may change and still be the same run: how it is watched and where it runs, not what it computes.
 # micro_batch too: auto picks it per machine, and a run resumes at its checkpoint's (see _adopt_micro_batch).
+# activation_checkpointing too: it recomputes the same numbers.
 FREE_FIELDS = ("out", "log_every", "time_limit", "tensorboard", "wandb", "trackio", "sample_every", "sample_tokens", "device",
                "compile", "eval_every", "eval_batches", "hellaswag_every", "hellaswag_path", "hellaswag_limit",
-               "checkpoint_every", "keep_last", "mfu_peak", "micro_batch")
+               "checkpoint_every", "keep_last", "mfu_peak", "micro_batch", "activation_checkpointing")
 # A checkpoint refreshes the report only while that costs under this share of the training time since the last one.
 REPORT_SHARE = 0.05
 RUN_FILES = ("checkpoints", "metrics.jsonl", "loss.png", "train_config.json", "tensorboard", "wandb",
@@ -241,7 +242,7 @@ class Trainer:
         """Model (random or --init-from weights), optimizer, scaler, loaders, metrics: everything the loop touches."""
         config, device = self.config, self.runtime.device
         seed_everything(config.seed)
-        self.model = self._make_model()
+        self.model = self._make_model().set_activation_checkpointing(config.activation_checkpointing)
         self.optimizer = build_optimizer(self.model, config.optimizer, device.type)
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "fp16")
         self.train_loader = self._loader("train")
@@ -503,7 +504,8 @@ class Trainer:
             torch.distributed.all_reduce(least, op=torch.distributed.ReduceOp.MIN)
             free = int(least.item())
         choice = choose_micro_batch(config.model, config.sequences_per_rank(self.runtime.world_size), config.seq_len,
-                                    free=free, precision=self.precision, device=device)
+                                    free=free, precision=self.precision, device=device,
+                                    activation_checkpointing=config.activation_checkpointing)
         self.fit_note = choice.describe()
         return dataclasses.replace(config, micro_batch=choice.micro_batch)
 
