@@ -34,6 +34,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from gptlab.runtime import GptlabError
+
 VARIANTS = ("allreduce", "overlap", "bucketed")
 MIB = 2**20
 
@@ -99,7 +101,7 @@ class DataParallel(nn.Module):
     def __init__(self, module: nn.Module, *, variant: str = "bucketed", bucket_mb: float = 25.0) -> None:
         super().__init__()
         if variant not in VARIANTS:
-            raise ValueError(f"unknown data parallel variant {variant!r}; use one of {', '.join(VARIANTS)}")
+            raise GptlabError(f"unknown data parallel variant {variant!r}; use one of {', '.join(VARIANTS)}")
         self.module, self.variant = module, variant
         self.world_size = dist.get_world_size()
         self.sync = True  # False inside no_sync(): gradients only accumulate

@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from gptlab.runtime import GptlabError
+
 
 class ShardedOptimizer(torch.optim.Optimizer):
     """ZeRO-1: `optimizer_class(my parameters, **options)` on each rank, then every parameter broadcast from its owner."""
@@ -95,8 +97,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         """Load a full state (this class's or the unsharded optimizer's): keep this rank's parameters' share."""
         groups = state_dict["param_groups"]
-        if len(groups) != len(self.param_groups) or any(len(a["params"]) != len(b["params"]) for a, b in zip(groups, self.param_groups)):
-            raise ValueError("the optimizer state has other parameter groups than this optimizer")
+        saved, ours = [len(g["params"]) for g in groups], [len(g["params"]) for g in self.param_groups]
+        if saved != ours:
+            raise GptlabError(f"the optimizer state has groups of {saved} parameters, this optimizer {ours}: another model's state")
         numbering = self._numbering()
         inner_state, inner_groups, index = {}, [], 0
         for saved, group in zip(groups, self.param_groups):
