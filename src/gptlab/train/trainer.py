@@ -138,6 +138,7 @@ class TrainState:
 
 class Trainer:
     command = "train"  # the command that claims its run folder
+    fsdp_ok = True  # --parallel.fsdp works here (every rank runs the same forwards)
     run_files = RUN_FILES  # what belongs to a run in its folder
 
     def __init__(
@@ -287,6 +288,9 @@ class Trainer:
         wrapped: torch.nn.Module = model
         if runtime.distributed:
             check_config(config.parallel, compile=config.compile)
+            if config.parallel.fsdp and not self.fsdp_ok:
+                raise GptlabError(f"gptlab {self.command} does not support --parallel.fsdp; use --parallel.shard-optimizer zero1 "
+                                  "to shard the optimizer state")
         if config.compile:
             wrapped = torch.compile(model)
         device_ids = [runtime.local_rank] if runtime.device.type == "cuda" else None
