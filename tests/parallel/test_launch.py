@@ -29,6 +29,7 @@ from tests.train.conftest import tiny_config
 base = tiny_config(Path(sys.argv[1]), Path(sys.argv[2]), micro_batch=2, batch_tokens=8 * 32, max_steps=3)
 for name, flags in [("bucketed", ["--parallel.data-parallel", "bucketed", "--parallel.bucket-mb", "0.05"]),
                     ("zero1", ["--parallel.shard-optimizer", "zero1"]),
+                    ("zero-torch", ["--parallel.shard-optimizer", "torch"]),
                     ("fsdp", ["--parallel.fsdp", "true"])]:
     config = apply_overrides(dataclasses.replace(base, out=str(Path(sys.argv[2]) / name)), flags)
     Trainer(config, log=lambda *_: None).fit()
@@ -45,21 +46,21 @@ for name, flags in [("resumed-zero1", ["--parallel.shard-optimizer", "zero1"]), 
 """
 
 
-def test_trainer_with_hand_data_parallel_zero1_and_fsdp_equals_one_process(prepared, tmp_path):
+def test_trainer_with_hand_data_parallel_zero_and_fsdp_equals_one_process(prepared, tmp_path):
     """2 gloo ranks x 2 micro-steps x 2 sequences == 1 process x 4 micro-steps x 2 sequences, for
-    --parallel.data-parallel bucketed, --parallel.shard-optimizer zero1 and --parallel.fsdp true; the sharded
+    --parallel.data-parallel bucketed, --parallel.shard-optimizer zero1 or torch and --parallel.fsdp true; the sharded
     runs' checkpoints hold the whole optimizer state, as the single process saves it; and a torch DDP run resumed
     from its step-2 checkpoint under ZeRO-1 or FSDP2 ends where it ends uninterrupted."""
     single = tiny_config(prepared, tmp_path / "single", micro_batch=2, batch_tokens=8 * 32, max_steps=3)
     Trainer(single, log=lambda *_: None).fit()
     run_on_two_ranks(TRAINER_SCRIPT, prepared, tmp_path)
     reference = final_weights(tmp_path / "single")
-    for name in ("bucketed", "zero1", "fsdp"):
+    for name in ("bucketed", "zero1", "zero-torch", "fsdp"):
         weights = final_weights(tmp_path / "ddp" / name)
         assert weights.keys() == reference.keys(), name
         for key in reference:
             torch.testing.assert_close(weights[key], reference[key], rtol=1e-4, atol=1e-5, msg=f"{name} {key}")
-    for name in ("zero1", "fsdp"):
+    for name in ("zero1", "zero-torch", "fsdp"):
         saved = torch.load(_last(tmp_path / "ddp" / name) / "optimizer.pt", weights_only=True)
         plain = torch.load(_last(tmp_path / "single") / "optimizer.pt", weights_only=True)
         assert saved["state"].keys() == plain["state"].keys(), name
