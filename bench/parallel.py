@@ -154,7 +154,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
     print(header("data parallel variants: step time on 2 gloo processes, and 8 GPUs on paper", ["torch"]))
-    print(f"# load average before: {os.getloadavg()[0]:.2f} (above the core count: other work shares the machine)")
+    print(f"# load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (more than 0 before starting: other work shares the machine)")
     with tempfile.TemporaryDirectory() as folder:
         results_path = os.path.join(folder, "results.pt")
         mp.spawn(run_rank, args=(os.path.join(folder, "init"), args.rounds, args.steps, results_path), nprocs=WORLD, join=True)
