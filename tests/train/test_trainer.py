@@ -182,7 +182,8 @@ def run_on_two_ranks(script_text: str, prepared: Path, tmp_path: Path) -> subpro
     script = tmp_path / "ddp_script.py"
     script.write_text(script_text)
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    # src first: this checkout's gptlab, not the one an editable install points at
+    env = {**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}", "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(prepared), str(tmp_path / "ddp")]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]

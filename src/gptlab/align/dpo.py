@@ -180,6 +180,7 @@ class DPOTrainer(Trainer):
 
     command = "dpo"
     run_files = (*RUN_FILES, REFERENCE_FILE)
+    fsdp_ok = False  # the reference model is a copy of the policy, made after it is wrapped
 
     def _check_before_compute(self, config: DPOConfig) -> DPOConfig:
         if not config.data:

@@ -384,6 +384,7 @@ class GRPOTrainer(Trainer):
 
     command = "grpo"
     run_files = RUN_FILES + ("completions.jsonl",)
+    fsdp_ok = False  # each rank samples rollouts of its own length: sharded forwards would not pair up
 
     def _check_before_compute(self, config: GRPOConfig) -> GRPOConfig:
         if not config.init_from:

@@ -75,11 +75,12 @@ def _save_weights(model: torch.nn.Module, directory: Path) -> None:
     save_safetensors(tensors, directory / WEIGHTS_NAME, {"gptlab_aliases": json.dumps(aliases)})
 
 
-def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer | dict | None = None,
                     *, state: dict | None = None, scaler=None, rng_states: list[dict] | None = None,
                     attach: Callable[[Path], None] | None = None) -> Path:
     """Write one checkpoint folder at `path` (e.g. out/checkpoints/step_000500): complete, or not there at all.
 
+    `optimizer`: the optimizer, or its state dict (a sharded optimizer's, gathered by every rank beforehand).
     `rng_states`: one `rng_state()` per rank under DDP (default: this process's). `attach(folder)` writes
     more files into the checkpoint before it is sealed (the trainer saves the tokenizer this way).
     """
@@ -90,7 +91,7 @@ def save_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: 
     try:
         _save_weights(model, tmp)
         if optimizer is not None:
-            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(optimizer if isinstance(optimizer, dict) else optimizer.state_dict(), tmp / "optimizer.pt")
         if scaler is not None and scaler.is_enabled():
             torch.save(scaler.state_dict(), tmp / "scaler.pt")
         torch.save({"ranks": rng_states or [rng_state()]}, tmp / "rng.pt")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from gptlab.model import ModelConfig, preset
 from gptlab.model.accounting import param_counts
+from gptlab.parallel import ParallelConfig
 from gptlab.runtime import GptlabError
 from gptlab.train.optim import OptimizerConfig
 from gptlab.train.schedule import ScheduleConfig
@@ -25,6 +26,7 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=lambda: preset("gpt2-mini"))  # the architecture (--model.*)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # AdamW (--optimizer.*)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)  # the learning-rate schedule (--schedule.*)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)  # how ranks share the work under torchrun (--parallel.*)
     batch_tokens: int = 8192  # tokens per optimizer step, all ranks and micro-steps together
     micro_batch: int = 16  # sequences per forward pass on each rank (0: auto, the largest that fits the free memory)
     seq_len: int = 256  # tokens per sequence

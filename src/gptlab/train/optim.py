@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from gptlab.parallel.wrap import OptimizerRecipe
 from gptlab.runtime import GptlabError
 
 FUSED_DEVICES = ("cpu", "cuda")  # where torch.optim.AdamW(fused=True) has a kernel
@@ -150,20 +151,26 @@ def own_lr_groups(model: nn.Module, groups: list[dict], config: OptimizerConfig)
     return [group for group in groups if group["params"]]
 
 
-def build_optimizer(model: nn.Module, config: OptimizerConfig, device_type: str = "cpu") -> torch.optim.Optimizer:
+def optimizer_recipe(model: nn.Module, config: OptimizerConfig, device_type: str = "cpu") -> OptimizerRecipe:
+    """The optimizer's class, parameter groups and options, to build whole or sharded (gptlab.parallel.wrap)."""
     if config.kind == "muon":
         from gptlab.train.muon import MuonAdamW
 
         bf16 = config.muon_precision == "bf16" or (config.muon_precision == "auto" and device_type == "cuda")
         dtype = torch.bfloat16 if bf16 else torch.float32
-        return MuonAdamW(own_lr_groups(model, muon_groups(model, config), config), momentum=config.muon_momentum, betas=config.betas, eps=config.eps,
-                         ns_dtype=dtype)
+        return OptimizerRecipe(MuonAdamW, own_lr_groups(model, muon_groups(model, config), config),
+                               {"momentum": config.muon_momentum, "betas": config.betas, "eps": config.eps, "ns_dtype": dtype})
     groups = own_lr_groups(model, parameter_groups(model, config.weight_decay, config.decay_embeddings), config)
     if config.impl == "gptlab":
-        return AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps)
+        return OptimizerRecipe(AdamW, groups, {"lr": config.lr, "betas": config.betas, "eps": config.eps})
     fusable = device_type in FUSED_DEVICES
     if config.impl == "fused" and not fusable:
         raise GptlabError(f"optimizer impl 'fused' needs one of {', '.join(FUSED_DEVICES)}; use auto, gptlab or foreach on {device_type}")
     impl = ("fused" if fusable else "foreach") if config.impl == "auto" else config.impl
     extra = {"fused": True} if impl == "fused" else {"foreach": True} if impl == "foreach" else {}
-    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps, **extra)
+    return OptimizerRecipe(torch.optim.AdamW, groups, {"lr": config.lr, "betas": config.betas, "eps": config.eps, **extra})
+
+
+def build_optimizer(model: nn.Module, config: OptimizerConfig, device_type: str = "cpu") -> torch.optim.Optimizer:
+    optimizer_class, groups, options = optimizer_recipe(model, config, device_type)
+    return optimizer_class(groups, **options)

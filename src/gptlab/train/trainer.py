@@ -17,7 +17,9 @@ and ranks together: the mean over every target of the batch, however they fall.
 A loader's batch is (x, y) or (x, y, kwargs), the kwargs passed to the model
 (e.g. positions and an attention mask for packed rows). The model is built plain, then wrapped (torch.compile,
 then DDP) for the step only; evaluation, sampling and checkpoints use the plain
-module, so compile never gets in their way and checkpoints hold clean keys.
+module, so compile never gets in their way and checkpoints hold clean keys. Under torchrun,
+--parallel.* picks how ranks share the work (gptlab.parallel: torch DDP by default, hand-written
+data parallel variants, ZeRO-1, FSDP2); sharded optimizer states are saved whole.
 
 The output folder belongs to one run (gptlab.runtime.rundir): the same
 settings resume it, other settings are refused unless `force` starts over.
@@ -60,6 +62,17 @@ from gptlab.eval.loss import evaluate_loss, load_token_bytes
 from gptlab.model import GPT
 from gptlab.model.accounting import PEAK_FLOPS, flops_per_token, peak_flops
 from gptlab.model.hf import load_pretrained_directory, pretrained_path, read_pretrained_config
+from gptlab.parallel.fsdp import full_model_state, load_full_state
+from gptlab.parallel.wrap import (
+    check_config,
+    describe,
+    finish_gradient_synchronization,
+    full_optimizer_state,
+    gradient_norm,
+    is_fsdp,
+    no_sync,
+    parallelize,
+)
 from gptlab.runs import append_sample, describe_machine, truncate_samples, write_machine, write_report
 from gptlab.runs.machine import MACHINE_FILE
 from gptlab.runs.report import REPORT_FILE
@@ -82,16 +95,17 @@ from gptlab.train.checkpoint import (
 from gptlab.train.config import TrainConfig
 from gptlab.train.fit import choose_micro_batch, free_memory, out_of_memory_error, smaller_micro_batch
 from gptlab.train.metrics import MetricsLog, console_line, plot_losses
-from gptlab.train.optim import build_optimizer
+from gptlab.train.optim import optimizer_recipe
 from gptlab.train.schedule import learning_rate
 
 IGNORE = -100  # a target that does not count (the model's ignore_index)
 # What a run may change and still be the same run: how it is watched and where it runs, not what it computes.
 # micro_batch too: auto picks it per machine, and a run resumes at its checkpoint's (see _adopt_micro_batch).
-# activation_checkpointing too: it recomputes the same numbers.
+# activation_checkpointing too: it recomputes the same numbers; parallel too: sharded optimizer states are saved
+# whole, in the unsharded optimizer's format.
 FREE_FIELDS = ("out", "log_every", "time_limit", "tensorboard", "wandb", "trackio", "sample_every", "sample_tokens", "device",
                "compile", "eval_every", "eval_batches", "hellaswag_every", "hellaswag_path", "hellaswag_limit",
-               "checkpoint_every", "keep_last", "mfu_peak", "micro_batch", "activation_checkpointing")
+               "checkpoint_every", "keep_last", "mfu_peak", "micro_batch", "activation_checkpointing", "parallel")
 # A checkpoint refreshes the report only while that costs under this share of the training time since the last one.
 REPORT_SHARE = 0.05
 RUN_FILES = ("checkpoints", "metrics.jsonl", "loss.png", "train_config.json", "tensorboard", "wandb",
@@ -125,6 +139,7 @@ class TrainState:
 
 class Trainer:
     command = "train"  # the command that claims its run folder
+    fsdp_ok = True  # --parallel.fsdp works here (every rank runs the same forwards)
     run_files = RUN_FILES  # what belongs to a run in its folder
 
     def __init__(
@@ -243,12 +258,11 @@ class Trainer:
         config, device = self.config, self.runtime.device
         seed_everything(config.seed)
         self.model = self._make_model().set_activation_checkpointing(config.activation_checkpointing)
-        self.optimizer = build_optimizer(self.model, config.optimizer, device.type)
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "fp16")
         self.train_loader = self._loader("train")
         self.val_loader = self._loader("val") if self.has_val else None
         self.token_bytes = self._token_bytes() if self.val_loader is not None else None
-        self.wrapped = self._wrap(self.model)
+        self.wrapped, self.optimizer = self._wrap(self.model)
         self.cast = autocast(device, self.precision)
         self.metrics = MetricsLog(config.out, self.runtime.is_main, config.tensorboard, config.wandb, dataclasses.asdict(config),
                                   trackio_project=config.trackio)
@@ -268,24 +282,27 @@ class Trainer:
         """Steps between the task_fn's evaluations (0: never)."""
         return self.config.hellaswag_every
 
-    def _wrap(self, model: GPT) -> torch.nn.Module:
-        """compile, then DDP: the wrapped module is used for the training step only."""
+    def _wrap(self, model: GPT) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """compile, then data parallel as --parallel.* says (gptlab.parallel), and the optimizer (sharded or not):
+        the wrapped module is used for the training step only."""
+        config, runtime = self.config, self.runtime
         wrapped: torch.nn.Module = model
-        if self.config.compile:
+        if runtime.distributed:
+            check_config(config.parallel, compile=config.compile)
+            if config.parallel.fsdp and not self.fsdp_ok:
+                raise GptlabError(f"gptlab {self.command} does not support --parallel.fsdp; use --parallel.shard-optimizer zero1 "
+                                  "to shard the optimizer state")
+        if config.compile:
             wrapped = torch.compile(model)
-        if self.runtime.distributed:
-            from torch.nn.parallel import DistributedDataParallel
-
-            device_ids = [self.runtime.local_rank] if self.runtime.device.type == "cuda" else None
-            wrapped = DistributedDataParallel(wrapped, device_ids=device_ids)
-        return wrapped
+        device_ids = [runtime.local_rank] if runtime.device.type == "cuda" else None
+        return parallelize(wrapped, lambda: optimizer_recipe(model, config.optimizer, runtime.device.type), config.parallel,
+                           distributed=runtime.distributed, device_ids=device_ids, blocks=model.transformer["h"])
 
     def _restore(self, path: Path | None) -> TrainState:
         """The state to start from: a checkpoint's (loading weights, optimizer, scaler, loader, RNGs), or step 0."""
         state = TrainState()
         if path is not None:
-            saved = load_checkpoint(path, self.model, self.optimizer, scaler=self.scaler, device=self.runtime.device,
-                                    rank=self.runtime.rank)
+            saved = self._load(path)
             self._check_same_run(saved)
             self._adopt_micro_batch(saved)
             state = TrainState(step=saved["step"], tokens=saved["tokens"], best_val=saved.get("best_val_loss"),
@@ -361,7 +378,7 @@ class Trainer:
             raise GptlabError(f"loss is {loss_value} at step {state.step}: stopped before updating the weights; {where}")
         self.scaler.unscale_(self.optimizer)
         clip = config.grad_clip if config.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        norm = gradient_norm(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -370,7 +387,7 @@ class Trainer:
         state.step += 1
         state.tokens += self._step_tokens()
         state.losses.append(loss_value)
-        self._log_step(loss_value, lr, float(norm), time.perf_counter() - step_start)
+        self._log_step(loss_value, lr, norm, time.perf_counter() - step_start)
 
     def _micro_steps(self) -> torch.Tensor:
         """Forward and backward of the step's micro-batches, gradients accumulating; their losses summed."""
@@ -378,11 +395,12 @@ class Trainer:
         batches, weights = self._step_batches()
         for micro, ((x, y, kwargs), weight) in enumerate(zip(batches, weights)):
             last = micro == self.accum - 1
-            sync = self.wrapped.no_sync() if self.runtime.distributed and not last else nullcontext()
+            sync = no_sync(self.wrapped) if self.runtime.distributed and not last else nullcontext()
             with sync:
                 loss = self._micro_loss(x, y, kwargs, weight)
                 loss_sum += loss.detach()
                 self.scaler.scale(loss).backward()
+        finish_gradient_synchronization(self.wrapped)  # the hand-written variants wait for their all-reduces here
         return loss_sum
 
     def _micro_loss(self, x: torch.Tensor, y: torch.Tensor, kwargs: dict, weight: float | None) -> torch.Tensor:
@@ -567,7 +585,7 @@ class Trainer:
     def _announce(self) -> None:
         config, runtime, model = self.config, self.runtime, self.model
         self.flops, self.peak = _flops_per_token(config), _peak(config, runtime.device)
-        ranks = f", {runtime.world_size} ranks" if runtime.distributed else ""
+        ranks = f", {runtime.world_size} ranks, {describe(config.parallel)}" if runtime.distributed else ""
         init = f", from {config.init_from}" if config.init_from and self.state.step == 0 else ""
         self.print(
             f"training {model.num_params():,} parameters on {runtime.device} ({self.precision}"
@@ -602,14 +620,37 @@ class Trainer:
             "config": dataclasses.asdict(config),
         }
         rngs = self._gather(rng_state())
+        model, optimizer = self._whole_model(), full_optimizer_state(self.optimizer, self.model)  # collectives when sharded
         if not self.runtime.is_main:
             return None
         path = checkpoint_dir(config.out) / f"step_{state.step:06d}"
         attach = (lambda folder: self.tokenizer.save(folder / "tokenizer")) if self.tokenizer is not None else None
-        save_checkpoint(path, self.model, self.optimizer, state=trainer_state, scaler=self.scaler, rng_states=rngs, attach=attach)
+        save_checkpoint(path, model, optimizer, state=trainer_state, scaler=self.scaler, rng_states=rngs, attach=attach)
         record_best(config.out, path, val_loss)
         prune(config.out, config.keep_last, keep=path)
         return path
+
+    def _load(self, path: Path) -> dict:
+        """Weights, optimizer, scaler and RNGs from a checkpoint; under FSDP every rank reads it whole and keeps its shards."""
+        runtime = self.runtime
+        if not is_fsdp(self.model):
+            return load_checkpoint(path, self.model, self.optimizer, scaler=self.scaler, device=runtime.device, rank=runtime.rank)
+        whole = GPT(self.config.model)
+        saved = load_checkpoint(path, whole, None, scaler=self.scaler, device="cpu", rank=runtime.rank)
+        optimizer_state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+        load_full_state(self.model, self.optimizer, whole.state_dict(), optimizer_state)
+        return saved
+
+    def _whole_model(self) -> GPT:
+        """The model to save: the plain module, or under FSDP a copy holding the gathered weights (on rank 0)."""
+        if not is_fsdp(self.model):
+            return self.model
+        weights = full_model_state(self.model)  # a collective: {} on ranks other than 0
+        with torch.device("meta"):  # no memory: the gathered tensors are assigned in
+            whole = GPT(self.config.model)
+        if weights:
+            whole.load_state_dict(weights, assign=True)
+        return whole
 
     def _check_same_run(self, saved: dict) -> None:
         """Resuming with a different model, batch or data would silently be a different run."""
@@ -671,8 +712,8 @@ class Trainer:
         self.print(f"step {self.state.step:>6}: " + ", ".join(f"{key} {value:.4f}" for key, value in scores.items()))
 
     def _sample(self) -> None:
-        if self.sample_fn is None or self.tokenizer is None or not self.runtime.is_main:
-            return
+        if self.sample_fn is None or self.tokenizer is None or not self.runtime.is_main or is_fsdp(self.model):
+            return  # under FSDP a forward on rank 0 alone would wait forever for the others' shards
         was_training = self.model.training
         self.model.eval()
         text = self.sample_fn(self.model, self.tokenizer)

@@ -1,0 +1,102 @@
+"""What each of 2 spawned gloo processes runs: every variant on the tiny model, results saved for the tests to check.
+
+One process group serves every case (starting processes costs more than the cases themselves).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from gptlab.parallel.data_parallel import DataParallel
+from gptlab.parallel.fsdp import full_model_state, shard_model
+from gptlab.parallel.wrap import no_sync
+from gptlab.parallel.zero import ShardedOptimizer
+from tests.parallel.common import LR, batches, make_model, rank_rows, train
+
+BUCKET_MB = 300 / 2**20  # 300 bytes: the tiny model's gradients fill 4 buckets
+HAND = ("allreduce", "overlap", "bucketed")
+
+
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def _data_parallel(rank: int, world: int, accum: int, variant: str, results: dict) -> None:
+    model = make_model()
+    wrapped = DataParallel(model, variant=variant, bucket_mb=BUCKET_MB)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    train(wrapped, optimizer, rank_rows(batches(world, accum), rank), no_sync=wrapped.no_sync,
+          finish=wrapped.finish_gradient_synchronization)
+    results[(variant, accum)] = _weights(model)
+    if variant == "bucketed":
+        names = {id(p): name for name, p in model.named_parameters()}
+        results["buckets"] = [[names[id(p)] for p in bucket.parameters] for bucket in wrapped.buckets]
+    results[("unused grad", variant, accum)] = model.blocks[1].unused.grad
+
+
+def _torch_ddp(rank: int, world: int, accum: int, results: dict) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = make_model()
+    wrapped = DistributedDataParallel(model, find_unused_parameters=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    train(wrapped, optimizer, rank_rows(batches(world, accum), rank), no_sync=wrapped.no_sync)
+    results[("torch", accum)] = _weights(model)
+    results[("torch state", accum)] = optimizer.state_dict()
+
+
+def _sharded(rank: int, world: int, kind: str, results: dict) -> None:
+    """ZeRO-1 by hand or torch's ZeroRedundancyOptimizer, around AdamW, gradients averaged by hand."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    model = make_model()
+    wrapped = DataParallel(model, variant="allreduce")
+    if kind == "zero1":
+        optimizer = ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=LR)
+    else:
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=LR)
+    train(wrapped, optimizer, rank_rows(batches(world, 2), rank), no_sync=wrapped.no_sync,
+          finish=wrapped.finish_gradient_synchronization)
+    results[(kind, 2)] = _weights(model)
+    if kind == "zero1":
+        names = {id(p): name for name, p in model.named_parameters()}
+        results["owned"] = sorted(names[id(p)] for p in optimizer.owned())
+        results["state held"] = sorted(names[id(p)] for p in optimizer.inner.state)
+        results["zero1 state"] = gathered = optimizer.state_dict()  # a collective: every rank calls it
+        fresh = ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=LR)
+        fresh.load_state_dict(gathered)  # a resume: each rank keeps its own share of the whole state
+        results["zero1 reloaded"] = [(names[id(p)], key, torch.equal(value, fresh.inner.state[p][key]))
+                                     for p, state in optimizer.inner.state.items() for key, value in state.items()]
+
+
+def _fsdp(rank: int, world: int, results: dict) -> None:
+    model = make_model()
+    shard_model(model, model.blocks)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    train(model, optimizer, rank_rows(batches(world, 2), rank), no_sync=lambda: no_sync(model))
+    results[("fsdp", 2)] = full_model_state(model)  # whole tensors on rank 0
+
+
+def run_cases(rank: int, world: int, init_file: str, out: str) -> None:
+    """Entry point for torch.multiprocessing.spawn; writes OUT/rank{rank}.pt."""
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    results: dict = {}
+    try:
+        for accum in (1, 2):
+            _torch_ddp(rank, world, accum, results)
+            for variant in HAND:
+                _data_parallel(rank, world, accum, variant, results)
+        for kind in ("zero1", "zero torch"):
+            _sharded(rank, world, kind, results)
+        _fsdp(rank, world, results)
+    finally:
+        torch.save(results, Path(out) / f"rank{rank}.pt")
+        dist.destroy_process_group()
