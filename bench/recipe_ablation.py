@@ -24,15 +24,15 @@ from gptlab.train import train_preset
 # lever -> (what the default does, the overrides that revert it)
 LEVERS = {
     "default": ("", {}),
-    "Muon": ("AdamW for every matrix", {"optimizer.kind": "adamw"}),
-    "embedding/head lr": ("one AdamW lr (2e-3)", {"optimizer.embedding_lr": 0.0, "optimizer.head_lr": 0.0}),
+    "AdamW": ("Muon (0.015) for the blocks' matrices", {"optimizer.kind": "muon", "optimizer.muon_lr": 0.015}),
+    "embedding/head lr": ("one AdamW lr (3e-3)", {"optimizer.embedding_lr": 0.0, "optimizer.head_lr": 0.0}),
     "fused loss": ("head, cap, F.cross_entropy", {"fused_loss": False}),
     "rotary": ("learned positions", {"model.position": "learned"}),
     "RMSNorm": ("LayerNorm", {"model.norm": "layer"}),
     "ReLU^2": ("GELU", {"model.activation": "gelu"}),
     "QK-norm": ("no QK-norm", {"model.qk_norm": False}),
     "untied head": ("tied head", {"model.tie_embeddings": True}),
-    "softcap 15": ("no softcap", {"model.logit_softcap": 0.0}),
+    "no softcap": ("softcap 15", {"model.logit_softcap": 15.0}),
     "zero init": ("N(0, 0.02/sqrt(2L)) projections", {"model.zero_init": False}),
     "4 x 128": ("4 x 192 (heads of 48)", {"model.n_embd": 192, "model.n_head": 4}),
     "2,048 tokens a step": ("4,096", {"batch_tokens": 4096, "micro_batch": 32}),
