@@ -246,3 +246,14 @@ def test_cli_encode_decode_out_must_be_a_file_path(tmp_path, capsys, verb, input
     err = capsys.readouterr().err
     assert ("is a folder; pass a file path" in err or "is a file, not a folder" in err) and err.count("\n") == 1
     assert snapshot(tmp_path) == before
+
+
+def test_ctrl_c_while_starting_up_is_one_line_and_exit_130(monkeypatch, capsys):
+    import gptlab.cli.main as cli_main
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_main, "build_parser", interrupted)
+    assert cli_main.main(["train", "--help"]) == 130
+    assert capsys.readouterr().err == "gptlab: interrupted\n"

@@ -71,7 +71,11 @@ def _unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()  # imports torch and every stage: seconds in which a Ctrl-C is likely
+    except KeyboardInterrupt:
+        print("gptlab: interrupted", file=sys.stderr)
+        return 130
     args, extra = parser.parse_known_args(hyphenate(sys.argv[1:] if argv is None else list(argv)))
     if extra and not getattr(args, "accepts_overrides", False):
         parser.error(_unrecognized(parser, extra))
