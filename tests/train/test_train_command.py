@@ -186,3 +186,58 @@ def test_train_command_takes_micro_batch_0_as_auto_and_saves_the_pick(prepared, 
     printed = capsys.readouterr().out
     assert "128 tokens/step = 1 x 4 x 32" in printed and "micro-batch auto: 4 (estimated " in printed
     assert json.loads((out / "train_config.json").read_text())["micro_batch"] == 4
+
+
+def _fit_file(path, dial) -> str:
+    import json
+
+    path.write_text(json.dumps({"format": "gptlab-fit", "version": 1, "depth_dial": dial}))
+    return str(path)
+
+
+def test_depth_from_fit_trains_the_fits_compute_optimal_tokens_at_its_lr(prepared, tmp_path):
+    """--from-fit: D is the fitted N_opt(C) = k C^a inverted at the model's N (counted as the fit counts), and
+    lr = k N^g; the embedding and head lrs move by the same factor. Checked against the inversion done by hand."""
+    import math
+
+    from gptlab.cli.train import resolve_config
+    from gptlab.model import GPT
+    from gptlab.train import train_preset
+
+    dial = {"count": "non_embedding", "params": {"coefficient": 0.05, "exponent": 0.6}, "source": "isoflop",
+            "lr": {"coefficient": 0.2, "exponent": -0.3}}
+    fit = _fit_file(tmp_path / "fit.json", dial)
+    config = resolve_config("shakespeare-cpu", ["--data", str(prepared / "data")], depth=3, from_fit=fit)
+    params = GPT(config.model).num_params(embeddings=False)  # brute force: the built model, without embeddings
+    budget = (params / 0.05) ** (1 / 0.6)  # N = k C^a solved for C
+    tokens = budget / (6 * params)
+    assert config.max_steps == math.ceil(tokens / config.batch_tokens)
+    assert config.optimizer.lr == pytest.approx(0.2 * params ** -0.3)
+    base = train_preset("shakespeare-cpu").optimizer
+    factor = config.optimizer.lr / base.lr
+    assert (config.optimizer.embedding_lr, config.optimizer.head_lr) == pytest.approx((base.embedding_lr * factor, base.head_lr * factor))
+    no_lr = resolve_config("shakespeare-cpu", ["--data", str(prepared / "data")], depth=3,
+                           from_fit=_fit_file(tmp_path / "nolr.json", {**dial, "lr": None}))
+    assert no_lr.max_steps == config.max_steps and no_lr.optimizer.lr == base.lr * math.sqrt(128 / 192)  # the sqrt-width rule
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "no such file"),
+    ({"format": "other"}, "is not a fit made by `gptlab fit`"),
+    ({"format": "gptlab-fit", "version": 1, "depth_dial": None}, "has no compute-optimal law"),
+    ({"format": "gptlab-fit", "version": 1, "depth_dial": {"count": "total", "params": {"coefficient": 1.0, "exponent": -0.5}}},
+     "bigger budgets want smaller models"),
+])
+def test_from_fit_refuses_bad_files_in_one_line(prepared, tmp_path, capsys, content, message):
+    import json
+
+    fit = tmp_path / "fit.json"
+    if content is not None:
+        fit.write_text(json.dumps(content))
+    assert main(tiny(prepared, tmp_path / "never", "--depth", "2", "--from-fit", str(fit))) == 1
+    assert message in capsys.readouterr().err and not (tmp_path / "never").exists()
+
+
+def test_from_fit_needs_depth(prepared, tmp_path, capsys):
+    assert main(tiny(prepared, tmp_path / "never", "--from-fit", str(tmp_path / "fit.json"))) == 1
+    assert "pass --depth N too" in capsys.readouterr().err

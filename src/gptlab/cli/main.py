@@ -29,13 +29,13 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def build_parser() -> ArgumentParser:
     from gptlab import __version__
-    from gptlab.cli import chat, data, dpo, export, grpo, model, profile, run, runs, sample, serve, sft, tokenizer, train
+    from gptlab.cli import chat, data, dpo, export, fit, grpo, model, profile, run, runs, sample, serve, sft, sweep, tokenizer, train
     from gptlab.cli import eval as eval_cli
 
     parser = ArgumentParser(prog="gptlab", description="Build a GPT language model from scratch.")
     parser.add_argument("--version", action="version", version=f"gptlab {__version__}")
     stages = parser.add_subparsers(dest="stage", metavar="STAGE", required=True, parser_class=ArgumentParser)
-    for module in (tokenizer, data, model, train, profile, sft, dpo, grpo, run, runs, sample, chat, serve, eval_cli, export):
+    for module in (tokenizer, data, model, train, profile, sweep, fit, sft, dpo, grpo, run, runs, sample, chat, serve, eval_cli, export):
         module.register(stages)
     return parser
 

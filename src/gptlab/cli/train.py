@@ -33,12 +33,15 @@ def register(stages) -> None:
     parser.add_argument("--depth", type=int, default=None,
                         help="one dial: n_layer, width (64 x depth), heads, lr, batch and steps from the depth "
                         "(gptlab.train.config.at_depth); explicit --model.* etc. still win")
+    parser.add_argument("--from-fit", metavar="FILE",
+                        help="with --depth: the tokens (compute-optimal D for the model's N) and the lr law of a scaling fit "
+                        "(the fit.json `gptlab fit` writes) instead of Chinchilla's 20 tokens per parameter and sqrt-width lrs")
     parser.add_argument("--no-resume", action="store_true", help="start from step 0; refused if --out holds a run (see --force)")
     parser.add_argument("--force", action="store_true", help="start over: first clear the run in --out (its own files only)")
     parser.set_defaults(handler=run, accepts_overrides=True)
 
 
-def resolve_config(preset: str, overrides: list[str], depth: int | None = None):
+def resolve_config(preset: str, overrides: list[str], depth: int | None = None, from_fit: str | None = None):
     """The preset (sized by --depth) with the overrides, the model's vocabulary taken from the data (or the model from --init-from)."""
     from gptlab.cli.common import model_path
     from gptlab.data.shards import read_manifest
@@ -49,6 +52,13 @@ def resolve_config(preset: str, overrides: list[str], depth: int | None = None):
     from gptlab.train.config import at_depth
 
     base = train_preset(preset)
+    if from_fit and depth is None:
+        raise GptlabError(f"--from-fit {from_fit} sets the rules of the depth dial; pass --depth N too")
+    rule = None
+    if from_fit:
+        from gptlab.scaling.fit import read_depth_rule
+
+        rule = read_depth_rule(from_fit)
     given = dict(parse_overrides(overrides))
     if depth is not None and given.get("init_from"):
         raise GptlabError(f"--init-from {given['init_from']} sets the model; drop --depth {depth}")
@@ -64,7 +74,7 @@ def resolve_config(preset: str, overrides: list[str], depth: int | None = None):
     if given.get("data") and "tokenizer" not in given and (Path(given["data"]) / "tokenizer.json").is_file():
         defaults["tokenizer"] = given["data"]  # the tokenizer `data prepare` saved with the shards
     config = apply_overrides(base, overrides, defaults=defaults)
-    return apply_overrides(at_depth(config, depth), overrides) if depth is not None else config  # explicit flags still win
+    return apply_overrides(at_depth(config, depth, rule), overrides) if depth is not None else config  # explicit flags still win
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,7 +82,11 @@ def run(args: argparse.Namespace) -> int:
     from gptlab.runtime.device import init_runtime, shutdown_runtime
     from gptlab.train import Trainer
 
-    config = resolve_config(args.preset, args.overrides, args.depth)
+    config = resolve_config(args.preset, args.overrides, args.depth, args.from_fit)
+    if args.from_fit:
+        tokens = config.max_steps * config.batch_tokens
+        print(f"from the fit {args.from_fit}: depth {args.depth} trains {tokens:,} tokens in {config.max_steps:,} steps, "
+              f"AdamW lr {config.optimizer.lr:.3g}")
     runtime = init_runtime(config.device)
     try:
         trainer = Trainer(

@@ -104,6 +104,28 @@ def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> dict[str
     }
 
 
+# The parameter count N a scaling law is stated in: Chinchilla counts every parameter (total), Kaplan et al. (2020)
+# leave out the embeddings (non_embedding), and 6N FLOPs per token counts the matrices multiplied (matmul).
+PARAM_CONVENTIONS = ("total", "non_embedding", "matmul")
+
+
+def scaling_params(config: ModelConfig) -> dict[str, int]:
+    """N under each convention of PARAM_CONVENTIONS, and the embeddings they differ by.
+
+    Example: gpt2 -> total 124,475,904, non_embedding 85,056,000, matmul 123,689,472 (the blocks + the head over 50,304 padded rows).
+    """
+    counts = param_counts(config)
+    return {"total": counts["total"], "non_embedding": counts["non_embedding"],
+            "matmul": flops_per_token(config)["matmul_params"], "embeddings": counts["embeddings"]}
+
+
+def count_params(config: ModelConfig, convention: str) -> int:
+    """N of `config` under one convention ("total", "non_embedding" or "matmul")."""
+    if convention not in PARAM_CONVENTIONS:
+        raise GptlabError(f"unknown parameter count {convention!r}; use one of {', '.join(PARAM_CONVENTIONS)}")
+    return scaling_params(config)[convention]
+
+
 def peak_flops(peak: str | float) -> float:
     """FLOP/s from a PEAK_FLOPS name ("h100") or a number (a measured or datasheet peak)."""
     if isinstance(peak, str):

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from gptlab.model import ModelConfig, preset
-from gptlab.model.accounting import param_counts
+from gptlab.model.accounting import count_params
 from gptlab.parallel import ParallelConfig
 from gptlab.runtime import GptlabError
 from gptlab.train.optim import OptimizerConfig
@@ -141,31 +141,87 @@ def gpt2_124m_fineweb() -> TrainConfig:
     )
 
 
-def at_depth(config: TrainConfig, depth: int) -> TrainConfig:
-    """One dial, as nanochat's --depth: the model's size from its depth, and the rest of the run from the size.
+@dataclass(frozen=True, kw_only=True)
+class DepthRule:
+    """What the depth dial derives from a model's size: its training tokens and its learning rate.
 
-    The rule (the scaling-laws work refines it from fits):
-    - shape: n_layer = depth, n_embd = 64 x depth (nanochat's aspect ratio), heads of 64 dimensions;
-    - AdamW's peak lrs (lr, embedding_lr, head_lr): the config's, times sqrt(its width / the new width) (wider
-      layers take smaller steps, as nanochat scales its AdamW rates); Muon's lr stays, its update being scale-free;
-    - batch: DeepSeek LLM's fit B = 0.292 C^0.3271 tokens (Bi et al., 2024) at the compute C = 6 N D of
-      a Chinchilla run, rounded down to a power of two, at least one micro-batch;
-    - steps: Chinchilla's D = 20 N tokens (Hoffmann et al., 2022), N the parameters, over the batch.
-    A time limit still ends the run early, annealed (the schedule follows the budget).
+    By default Chinchilla's D = 20 N and AdamW's rates scaled by sqrt(the config's width / the new width). A scaling
+    fit (`gptlab fit`, read by `gptlab train --from-fit FILE`) replaces them with its own laws, in its own count of N:
+    tokens from the fitted N_opt(C) = k C^a inverted at N (C = (N/k)^(1/a), D = C / 6N), and lr = k N^g.
     """
+
+    count: str = "total"  # the parameter count N the laws are stated in (gptlab.model.accounting.PARAM_CONVENTIONS)
+    tokens_per_param: float = 20.0  # D / N when no law is given (Hoffmann et al., 2022)
+    params_law: tuple[float, float] | None = None  # (k, a) of N_opt(C) = k C^a
+    lr_law: tuple[float, float] | None = None  # (k, g) of lr = k N^g
+    source: str = ""  # where the laws came from, for messages
+
+    def __post_init__(self) -> None:
+        count_params(preset("gpt2-tiny"), self.count)  # an unknown convention fails here, with the choices
+        if self.tokens_per_param <= 0:
+            raise GptlabError(f"tokens_per_param must be positive, got {self.tokens_per_param}")
+        for name, law in (("params_law", self.params_law), ("lr_law", self.lr_law)):
+            if law is not None and not (law[0] > 0 and math.isfinite(law[1])):
+                raise GptlabError(f"{name} {law} of {self.source or 'the depth rule'} needs a positive coefficient and a finite exponent")
+        if self.params_law is not None and self.params_law[1] <= 0:
+            raise GptlabError(f"the N_opt(C) exponent of {self.source or 'the depth rule'} is {self.params_law[1]}: a law where "
+                              "bigger budgets want smaller models cannot size a run; refit with more budgets")
+
+    def tokens(self, params: float) -> float:
+        """Training tokens for a model of `params` parameters (in this rule's count)."""
+        if self.params_law is None:
+            return self.tokens_per_param * params
+        k, a = self.params_law
+        return (params / k) ** (1 / a) / (6 * params)
+
+
+def depth_model(model: ModelConfig, depth: int, head_dim: int = 64) -> ModelConfig:
+    """nanochat's shape for a depth: n_layer = depth, n_embd = 64 x depth, heads of `head_dim` dimensions."""
     if depth < 1:
         raise GptlabError(f"--depth must be at least 1, got {depth}")
-    width = 64 * depth
-    model = replace(config.model, n_layer=depth, n_embd=width, n_head=depth, n_kv_head=None, mlp_hidden=None)
-    params = param_counts(model)["total"]
-    tokens = 20 * params
+    return shaped_model(model, depth, 64 * depth, head_dim)
+
+
+def shaped_model(model: ModelConfig, n_layer: int, n_embd: int, head_dim: int = 64) -> ModelConfig:
+    """`model` with n_layer blocks of width n_embd in heads of head_dim (plain multi-head, the default MLP width)."""
+    if n_layer < 1 or n_embd < 1 or head_dim < 1 or n_embd % head_dim:
+        raise GptlabError(f"a model of {n_layer} layers of width {n_embd} in heads of {head_dim} dimensions is not possible: "
+                          "layers and width must be positive, the width a multiple of the head size (--head-dim)")
+    return replace(model, n_layer=n_layer, n_embd=n_embd, n_head=n_embd // head_dim, n_kv_head=None, mlp_hidden=None)
+
+
+def scaled_optimizer(config: TrainConfig, model: ModelConfig, rule: DepthRule | None = None) -> OptimizerConfig:
+    """AdamW's peak lrs (lr, embedding_lr, head_lr) for `model`: the rule's lr law, else the config's times
+    sqrt(its width / the new width) (wider layers take smaller steps, as nanochat scales its AdamW rates).
+    Muon's lr stays, its update being scale-free."""
+    rule = rule or DepthRule()
+    if rule.lr_law is not None:
+        k, g = rule.lr_law
+        scale = k * count_params(model, rule.count) ** g / config.optimizer.lr
+    else:
+        scale = math.sqrt(config.model.n_embd / model.n_embd)
+    optimizer = config.optimizer
+    return replace(optimizer, lr=optimizer.lr * scale, embedding_lr=optimizer.embedding_lr * scale, head_lr=optimizer.head_lr * scale)
+
+
+def at_depth(config: TrainConfig, depth: int, rule: DepthRule | None = None) -> TrainConfig:
+    """One dial, as nanochat's --depth: the model's size from its depth, and the rest of the run from the size.
+
+    - shape: n_layer = depth, n_embd = 64 x depth (nanochat's aspect ratio), heads of 64 dimensions;
+    - lrs: `scaled_optimizer` (sqrt width scaling, or a fitted lr law);
+    - tokens: the rule's (Chinchilla's D = 20 N, or the compute-optimal D of a fitted N_opt(C));
+    - batch: DeepSeek LLM's fit B = 0.292 C^0.3271 tokens (Bi et al., 2024) at the compute C = 6 N D of that
+      run, rounded down to a power of two, at least one micro-batch; steps: the tokens over the batch.
+    A time limit still ends the run early, annealed (the schedule follows the budget).
+    """
+    rule = rule or DepthRule()
+    model = depth_model(config.model, depth)
+    params = count_params(model, rule.count)
+    tokens = rule.tokens(params)
     batch = 0.292 * (6 * params * tokens) ** 0.3271
     per_pass = config.micro_batch * config.seq_len
     batch_tokens = max(per_pass, 2 ** math.floor(math.log2(batch)) // per_pass * per_pass)
-    scale = math.sqrt(config.model.n_embd / width)
-    optimizer = replace(config.optimizer, lr=config.optimizer.lr * scale, embedding_lr=config.optimizer.embedding_lr * scale,
-                        head_lr=config.optimizer.head_lr * scale)
-    return replace(config, model=model, optimizer=optimizer, batch_tokens=batch_tokens,
+    return replace(config, model=model, optimizer=scaled_optimizer(config, model, rule), batch_tokens=batch_tokens,
                    max_steps=max(1, math.ceil(tokens / batch_tokens)))
 
 

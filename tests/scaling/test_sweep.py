@@ -1,0 +1,203 @@
+"""gptlab.scaling.sweep: budgets spent as 6 N D in whole steps, rows equal to direct training, resume, failures, SLURM."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gptlab.model import GPT
+from gptlab.runtime import GptlabError
+from gptlab.scaling.sweep import SweepConfig, budget_label, plan, read_rows, run_sweep
+from gptlab.train import Trainer
+from tests.train.conftest import tiny_config
+
+SIZES = ("1x16", "1x32", "2x32")
+
+
+def small_sweep(**changes) -> SweepConfig:
+    settings = {"budgets": (4e8, 8e8), "sizes": SIZES, "head_dim": 16, "min_steps": 5}
+    return SweepConfig(**{**settings, **changes})
+
+
+def base_config(prepared, out="", **changes):
+    return tiny_config(prepared, out, **{"eval_every": 0, "checkpoint_every": 4, "log_every": 2, **changes})
+
+
+def test_budget_label_is_short_and_exact():
+    assert [budget_label(c) for c in (1e12, 3e12, 2.5e13, 6e11, 100.0)] == ["1e12", "3e12", "2.5e13", "6e11", "100e0"]
+
+
+def test_plan_spends_each_budget_in_whole_steps_with_counts_of_the_built_model(prepared, tmp_path):
+    base = base_config(prepared)
+    for count in ("total", "non_embedding", "matmul"):
+        points = plan(base, small_sweep(count=count), tmp_path)
+        assert [p.name for p in points] == [f"c{b}-{s}" for b in ("4e8", "8e8") for s in SIZES]
+        for point in points:
+            n = point.params[count]
+            step_flops = 6 * n * base.batch_tokens
+            assert abs(6 * n * point.tokens - point.budget) <= step_flops / 2  # the nearest whole number of steps
+            assert point.tokens == point.config.max_steps * base.batch_tokens
+    model = GPT(points[-1].config.model)
+    assert points[-1].params["total"] == model.num_params()
+    assert points[-1].params["non_embedding"] == model.num_params(embeddings=False)
+    assert (points[-1].config.model.n_layer, points[-1].config.model.n_embd, points[-1].config.model.n_head) == (2, 32, 2)
+
+
+def test_plan_gives_each_size_the_depth_dials_lr_times_its_scale(prepared, tmp_path):
+    base = base_config(prepared)
+    points = plan(base, small_sweep(budgets=(8e8,), lr_scales=(0.5, 1.0)), tmp_path)
+    by_name = {p.name: p for p in points}
+    width = base.model.n_embd  # gpt2-tiny: 32
+    assert by_name["c8e8-1x16-lr0.5"].config.optimizer.lr == pytest.approx(0.5 * base.optimizer.lr * (width / 16) ** 0.5)
+    assert by_name["c8e8-2x32"].config.optimizer.lr == pytest.approx(base.optimizer.lr)  # scale 1 keeps its name
+
+
+def test_plan_keeps_only_the_tokens_per_param_window(prepared, tmp_path):
+    base = base_config(prepared)
+    every = plan(base, small_sweep(), tmp_path)
+    ratios = {p.name: p.tokens / p.params["total"] for p in every}
+    low, high = sorted(ratios.values())[1], sorted(ratios.values())[-2]
+    kept = plan(base, small_sweep(tokens_per_param=(low, high)), tmp_path)
+    assert {p.name for p in kept} == {name for name, r in ratios.items() if low <= r <= high}
+    assert len(kept) == len(every) - 2
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"budgets": (1e7,)}, "only 1 step of 128 tokens"),
+    ({"sizes": ("3x20",)}, "multiple of the head size"),
+    ({"sizes": ("huge",)}, "unknown size 'huge'"),
+    ({"budgets": (-1.0,)}, "must be positive"),
+    ({"count": "embeddings"}, "unknown --count"),
+    ({"sizes": ("1x16", "1x16")}, "names a run twice"),
+    ({"tokens_per_param": (1e6, 1e7)}, "no grid point"),
+])
+def test_plan_refuses_bad_grids_in_one_line(prepared, tmp_path, changes, message):
+    with pytest.raises(GptlabError, match=message):
+        plan(base_config(prepared), small_sweep(**changes), tmp_path)
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(prepared, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep") / "sweep"
+    rows = run_sweep(base_config(prepared), small_sweep(), out, log=lambda _: None)
+    return out, rows
+
+
+def test_sweep_rows_equal_the_same_run_trained_directly(prepared, finished_sweep, tmp_path):
+    out, rows = finished_sweep
+    assert [row["status"] for row in rows] == ["finished"] * 6
+    point = plan(base_config(prepared), small_sweep(), out)[4]
+    direct = Trainer(base_config(prepared, out=str(tmp_path / "direct"), model=point.config.model, optimizer=point.config.optimizer,
+                                 schedule=point.config.schedule, max_steps=point.config.max_steps), log=print).fit()
+    row = rows[4]
+    assert row["run"] == point.name and row["val_loss"] == direct.val_loss and row["val_bpb"] == direct.val_bpb
+    assert row["tokens"] == point.tokens and row["flops"] == 6 * point.params["total"] * point.tokens
+    assert row["params"] == point.params and row["steps"] == direct.steps
+    assert row["flops_with_attention"] > row["flops"]
+
+
+def test_sweep_results_file_holds_every_row_in_grid_order(finished_sweep):
+    out, rows = finished_sweep
+    lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert lines == rows == read_rows(out) == read_rows(out / "results.jsonl")
+
+
+def test_sweep_rerun_skips_finished_runs_without_training(prepared, finished_sweep):
+    out, rows = finished_sweep
+    before = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/metrics.jsonl")}
+    said = []
+    again = run_sweep(base_config(prepared, log_every=1), small_sweep(), out, log=said.append)  # log_every is free to change
+    assert again == rows
+    assert sum("finished before" in line for line in said) == 6
+    assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/metrics.jsonl")} == before
+
+
+def test_sweep_grows_into_an_existing_sweep_and_refuses_other_settings(prepared, finished_sweep):
+    out, _ = finished_sweep
+    with pytest.raises(GptlabError, match="other settings.*seq_len"):
+        run_sweep(base_config(prepared, seq_len=16), small_sweep(), out, log=lambda _: None)
+    said = []
+    rows = run_sweep(base_config(prepared), small_sweep(budgets=(4e8,), sizes=("1x16",), lr_scales=(1.0, 2.0)), out, log=said.append)
+    assert [row["run"] for row in rows] == ["c4e8-1x16", "c4e8-1x16-lr2"] and "finished before" in said[1]
+    assert len(read_rows(out)) == 7
+
+
+def test_sweep_refuses_a_folder_it_did_not_make_and_leaves_nothing_for_bad_data(prepared, tmp_path):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(GptlabError, match="not empty and is not a gptlab run folder"):
+        run_sweep(base_config(prepared), small_sweep(), foreign, log=lambda _: None)
+    assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+    with pytest.raises(GptlabError):
+        run_sweep(base_config(prepared, data=str(tmp_path / "missing")), small_sweep(), tmp_path / "new", log=lambda _: None)
+    assert not (tmp_path / "new").exists()
+
+
+def test_sweep_records_a_failed_run_as_failed_and_retries_it(prepared, tmp_path, monkeypatch):
+    original = Trainer.fit
+
+    def fit(self):
+        if "c4e8-1x32" in self.config.out:
+            raise RuntimeError("node lost")
+        return original(self)
+
+    monkeypatch.setattr(Trainer, "fit", fit)
+    sweep = small_sweep(budgets=(4e8,))
+    rows = run_sweep(base_config(prepared), sweep, tmp_path / "s", log=lambda _: None)
+    assert [row["status"] for row in rows] == ["finished", "failed", "finished"]
+    assert rows[1]["error"] == "RuntimeError: node lost" and rows[1]["val_loss"] is None
+    monkeypatch.setattr(Trainer, "fit", original)
+    said = []
+    rows = run_sweep(base_config(prepared), sweep, tmp_path / "s", log=said.append)
+    assert [row["status"] for row in rows] == ["finished"] * 3, rows[1]["error"]
+    assert any("retrying: it failed before" in line for line in said)
+
+
+def test_sweep_index_runs_one_grid_point(prepared, tmp_path):
+    rows = run_sweep(base_config(prepared), small_sweep(), tmp_path / "s", index=4, log=lambda _: None)
+    assert [row["run"] for row in rows] == ["c8e8-1x32"] and [r["run"] for r in read_rows(tmp_path / "s")] == ["c8e8-1x32"]
+    with pytest.raises(GptlabError, match="--index 6 is outside the grid of 6 runs"):
+        run_sweep(base_config(prepared), small_sweep(), tmp_path / "s", index=6, log=lambda _: None)
+
+
+def _cli_sweep(prepared, out: Path, budgets=("4e8", "8e8"), steps_flag=()) -> list[str]:
+    return [sys.executable, "-m", "gptlab.cli.main", "sweep", "--budgets", *budgets, "--sizes", *SIZES, "--head-dim", "16",
+            "--min-steps", "5", "--out", str(out), "--data", str(prepared / "data"), "--model.block-size", "32",
+            "--seq-len", "32", "--micro-batch", "4", "--batch-tokens", "128", "--precision", "fp32", "--device", "cpu",
+            "--eval-every", "0", "--eval-batches", "2", "--log-every", "2", *steps_flag]
+
+
+def test_sweep_killed_mid_run_resumes_to_the_uninterrupted_rows(prepared, tmp_path):
+    """kill -9 in the middle of a run (after a checkpoint), rerun: every row equals an uninterrupted sweep's."""
+    command = _cli_sweep(prepared, tmp_path / "killed", budgets=("8e9",), steps_flag=("--checkpoint-every", "5"))
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = tmp_path / "killed" / "runs" / "c8e9-1x32"
+    deadline = time.monotonic() + 120
+    while not list(run.glob("checkpoints/step_*")) and time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.02)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    assert list(run.glob("checkpoints/step_*")) and not (tmp_path / "killed" / "rows" / "c8e9-1x32.json").exists()  # killed mid-run
+    subprocess.run(command, check=True, capture_output=True)
+    uninterrupted = _cli_sweep(prepared, tmp_path / "straight", budgets=("8e9",))
+    subprocess.run(uninterrupted, check=True, capture_output=True)
+    strip = [{k: v for k, v in row.items() if k != "seconds"} for row in read_rows(tmp_path / "killed")]
+    assert strip == [{k: v for k, v in row.items() if k != "seconds"} for row in read_rows(tmp_path / "straight")]
+    assert len(strip) == 3 and all(row["status"] == "finished" for row in strip)
+
+
+def test_slurm_script_runs_one_grid_point_per_array_task(prepared, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    written = subprocess.run([*_cli_sweep(prepared, Path("s")), "--slurm"], capture_output=True, text=True, check=True)
+    assert "submit with `sbatch s/sweep.sbatch`" in written.stdout and not list((tmp_path / "s").glob("r*/*"))  # nothing trained
+    script = (tmp_path / "s" / "sweep.sbatch").read_text()
+    assert "#SBATCH --array=0-5" in script and (tmp_path / "s" / "logs").is_dir()
+    subprocess.run(["bash", "-n", "s/sweep.sbatch"], check=True)
+    subprocess.run(["bash", "s/sweep.sbatch"], check=True, capture_output=True, env={**os.environ, "SLURM_ARRAY_TASK_ID": "2"})
+    assert [row["run"] for row in read_rows(tmp_path / "s")] == ["c4e8-2x32"]
