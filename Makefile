@@ -14,7 +14,7 @@ NATIVE := setup.py $(wildcard src/gptlab/tokenizer/_native/*.c)
 # Every dependency pinned to the versions the suite passed with (pip constraints); `make lock` updates it.
 LOCK := requirements.lock
 
-.PHONY: demo test install install-dev bench lock clean
+.PHONY: demo test install install-dev bench lock clean scaling
 
 $(VENV)/.torch:
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,19 @@ bench: $(VENV)/.installed-dev
 	$(PY) bench/grpo_rollout.py
 	$(PY) bench/model_info_measure.py
 	$(PY) bench/model_switches.py
+
+# The README's miniature scaling study: 3 FLOP budgets x sizes on the built-in corpus with a 512-token BPE, an lr sweep
+# at the middle budget, then the fit (plots and predictions in $(SCALING)/sweep/fit). Rerunning resumes and skips what is done.
+SCALING ?= runs/scaling-mini
+SIZES := 1x32 1x64 2x64 2x96 3x128
+SWEEP = $(VENV)/bin/gptlab sweep --data $(SCALING)/data --sizes $(SIZES) --head-dim 32 --out $(SCALING)/sweep
+scaling: $(VENV)/.installed
+	test -f $(SCALING)/tokenizer/tokenizer.json || $(VENV)/bin/gptlab tokenizer train --corpus shakespeare --vocab-size 512 --out $(SCALING)/tokenizer
+	test -f $(SCALING)/data/manifest.json || $(VENV)/bin/gptlab data prepare shakespeare -t $(SCALING)/tokenizer --out $(SCALING)/data --quiet
+	$(SWEEP) --budgets 6e11 2e12 6e12 --tokens-per-param 0.5 150
+	$(SWEEP) --budgets 2e12 --tokens-per-param 0.5 150 --lr-scales 0.5 1 2
+	$(SWEEP) --budgets 2e12 --tokens-per-param 0.5 200
+	$(VENV)/bin/gptlab fit $(SCALING)/sweep --target 1e14 1e16
 
 # Re-resolve every dependency (newest versions pyproject.toml allows) in a fresh venv and record them.
 lock:

@@ -46,7 +46,7 @@ __all__ = ["Runs", "best_over_lrs", "budget_for", "depth_rule", "finished_runs",
 COUNTS = PARAM_CONVENTIONS  # conventions for N: Chinchilla's, Kaplan's, the weights matmuls use
 LOSSES = ("val_loss", "train_loss", "val_bpb")
 MIN_RUNS = 5  # a parametric law has 5 parameters
-BOOTSTRAP_STARTS = 2  # best grid points per bootstrap refit, beside the full data's optimum
+BOOTSTRAP_STARTS = 1  # best grid points per bootstrap refit, beside the full data's optimum (2 gave the same intervals, 1.5x slower)
 
 
 @dataclass(frozen=True)
@@ -351,7 +351,7 @@ def _depth_dial(count: str, power_laws: dict | None, parametric: dict | None, lr
 
 
 def fit_results(rows: Sequence[dict], *, count: str = "total", loss: str = "val_loss", targets: Sequence[float] = (),
-                samples: int = 1000, seed: int = 0, huber_delta: float = 1e-3) -> dict:
+                samples: int = 500, seed: int = 0, huber_delta: float = 1e-3) -> dict:
     """The whole fit of a sweep's rows as a JSON-ready dict (format "gptlab-fit", version 1).
 
     Keys: isoflop (each budget's lowest run and parabola), power_laws (approach 2), parametric (approach 3),
