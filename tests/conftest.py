@@ -3,6 +3,10 @@
 Hypothesis draws examples from a seed fixed per test by default, so a run of `make test` (and CI)
 is reproducible: a red run is red again. `HYPOTHESIS_PROFILE=explore make test` draws fresh
 random examples on each run, to hunt for new failures.
+
+Under pytest-xdist (`make test` runs 2 workers on 2 cores) each worker, and every process it starts, computes on
+one thread: two workers' thread pools on the same cores wait on each other's descheduled threads, which made the
+tiny models' steps up to 100x slower whenever both workers trained at once.
 """
 
 import os
@@ -13,6 +17,14 @@ from hypothesis import settings
 settings.register_profile("default", derandomize=True, database=None)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def pytest_configure(config):
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        os.environ["OMP_NUM_THREADS"] = "1"
+        import torch
+
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

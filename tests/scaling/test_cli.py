@@ -6,39 +6,51 @@ import subprocess
 import pytest
 
 from gptlab.cli.main import main
-from tests.scaling.test_sweep import _cli_sweep
+from tests.scaling.test_fit import sweep_rows
+from tests.scaling.test_sweep import ONE_THREAD, _cli_sweep
 
 
 @pytest.fixture(scope="module")
 def swept(prepared, tmp_path_factory):
     out = tmp_path_factory.mktemp("cli") / "sweep"
-    subprocess.run(_cli_sweep(prepared, out, budgets=("4e8", "8e8", "1.6e9")), check=True, capture_output=True)
+    subprocess.run(_cli_sweep(prepared, out), check=True, capture_output=True, env=ONE_THREAD)  # 2 budgets x 3 sizes
     return out
 
 
 def test_fit_command_writes_the_fit_its_summary_and_plots(swept, capsys):
-    assert main(["fit", str(swept), "--samples", "20", "--target", "1e12"]) == 0
+    assert main(["fit", str(swept), "--samples", "5", "--target", "1e12"]) == 0
     printed = capsys.readouterr().out
     fit = json.loads((swept / "fit" / "fit.json").read_text())
-    assert fit["format"] == "gptlab-fit" and fit["runs"] == 9 and fit["count"] == "total"
-    assert [p["budget"] for p in fit["predictions"]] == [1e12] and len(fit["isoflop"]) == 3
+    assert fit["format"] == "gptlab-fit" and fit["runs"] == 6 and fit["count"] == "total" and fit["power_laws"]["bootstrap_samples"] == 5
+    assert [p["budget"] for p in fit["predictions"]] == [1e12] and len(fit["isoflop"]) == 2
     assert (swept / "fit" / "fit.txt").read_text().strip() == printed.split("\nwrote ")[0].strip()
     assert (swept / "fit" / "isoflops.png").read_bytes()[:4] == b"\x89PNG"
-    assert main(["fit", str(swept / "results.jsonl"), "--samples", "20", "--target", "1e12", "--out", str(swept / "again")]) == 0
+    assert main(["fit", str(swept / "results.jsonl"), "--samples", "5", "--target", "1e12", "--out", str(swept / "again")]) == 0
     again = json.loads((swept / "again" / "fit.json").read_text())
     assert {k: v for k, v in again.items() if k != "results"} == {k: v for k, v in fit.items() if k != "results"}
 
 
-def test_train_from_the_fit_runs(swept, prepared, tmp_path, capsys):
-    if main(["fit", str(swept), "--samples", "0", "--out", str(tmp_path / "fit")]) != 0:
-        pytest.fail(capsys.readouterr().err)
-    if json.loads((tmp_path / "fit" / "fit.json").read_text())["depth_dial"] is None:
-        pytest.skip("this tiny sweep found no compute-optimal law")  # the unit tests cover --from-fit with a law
-    args = ["train", "--depth", "1", "--from-fit", str(tmp_path / "fit" / "fit.json"), "--data", str(prepared / "data"),
-            "--max-steps", "2", "--micro-batch", "4", "--seq-len", "32", "--batch-tokens", "128", "--model.block-size", "32",
+def test_train_from_a_fit_of_a_known_law_trains_its_compute_optimal_tokens(prepared, tmp_path, capsys):
+    """A sweep simulated from Epoch AI's law (budgets around the tiny models' sizes), fitted by `gptlab fit`, then
+    `gptlab train --depth 1 --from-fit`: the run trains the law's own compute-optimal tokens for its N."""
+    from gptlab.cli.train import resolve_config
+    from gptlab.model.accounting import count_params
+    from gptlab.scaling.laws import EPOCH
+
+    rows = sweep_rows(EPOCH, budgets=(1e12, 1e13, 1e14))
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["fit", str(tmp_path / "results.jsonl"), "--samples", "0"]) == 0
+    fit = tmp_path / "fit" / "fit.json"
+    config = resolve_config("shakespeare-cpu", ["--data", str(prepared / "data")], depth=1, from_fit=str(fit))
+    params = count_params(config.model, "total")
+    budget = 6 * params * config.max_steps * config.batch_tokens
+    assert EPOCH.compute_optimal(budget)[0] == pytest.approx(params, rel=0.01)  # within the last step's rounding
+    args = ["train", "--depth", "1", "--from-fit", str(fit), "--data", str(prepared / "data"), "--max-steps", "2",
+            "--micro-batch", "4", "--seq-len", "32", "--batch-tokens", "128", "--model.block-size", "32",
             "--eval-batches", "1", "--sample-tokens", "4", "--device", "cpu", "--out", str(tmp_path / "run")]
+    capsys.readouterr()
     assert main(args) == 0
-    assert "from the fit" in capsys.readouterr().out
+    assert f"from the fit {fit}: depth 1 trains 256 tokens in 2 steps" in capsys.readouterr().out  # explicit flags still win
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -25,7 +25,7 @@ def small_sweep(**changes) -> SweepConfig:
 
 
 def base_config(prepared, out="", **changes):
-    return tiny_config(prepared, out, **{"eval_every": 0, "checkpoint_every": 4, "log_every": 2, **changes})
+    return tiny_config(prepared, out, **{"eval_every": 0, "checkpoint_every": 0, "log_every": 2, **changes})
 
 
 def test_budget_label_is_short_and_exact():
@@ -166,6 +166,10 @@ def test_sweep_index_runs_one_grid_point(prepared, tmp_path):
         run_sweep(base_config(prepared), small_sweep(), tmp_path / "s", index=6, log=lambda _: None)
 
 
+# Subprocesses on one thread each: two test workers' torch thread pools on 2 cores make tiny steps 100x slower.
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
 def _cli_sweep(prepared, out: Path, budgets=("4e8", "8e8"), steps_flag=(), sizes=SIZES) -> list[str]:
     return [sys.executable, "-m", "gptlab.cli.main", "sweep", "--budgets", *budgets, "--sizes", *sizes, "--head-dim", "16",
             "--min-steps", "5", "--out", str(out), "--data", str(prepared / "data"), "--model.block-size", "32",
@@ -177,7 +181,7 @@ def test_sweep_killed_mid_run_resumes_to_the_uninterrupted_rows(prepared, tmp_pa
     """kill -9 in the middle of a run (after a checkpoint), rerun: every row equals an uninterrupted sweep's."""
     sizes = ("1x16", "1x32")
     command = _cli_sweep(prepared, tmp_path / "killed", budgets=("3e9",), steps_flag=("--checkpoint-every", "5"), sizes=sizes)
-    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ONE_THREAD)
     run = tmp_path / "killed" / "runs" / "c3e9-1x32"
     deadline = time.monotonic() + 120
     while not list(run.glob("checkpoints/step_*")) and time.monotonic() < deadline and child.poll() is None:
@@ -185,9 +189,9 @@ def test_sweep_killed_mid_run_resumes_to_the_uninterrupted_rows(prepared, tmp_pa
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     assert list(run.glob("checkpoints/step_*")) and not (tmp_path / "killed" / "rows" / "c3e9-1x32.json").exists()  # killed mid-run
-    subprocess.run(command, check=True, capture_output=True)
+    subprocess.run(command, check=True, capture_output=True, env=ONE_THREAD)
     uninterrupted = _cli_sweep(prepared, tmp_path / "straight", budgets=("3e9",), sizes=sizes)
-    subprocess.run(uninterrupted, check=True, capture_output=True)
+    subprocess.run(uninterrupted, check=True, capture_output=True, env=ONE_THREAD)
     strip = [{k: v for k, v in row.items() if k != "seconds"} for row in read_rows(tmp_path / "killed")]
     assert strip == [{k: v for k, v in row.items() if k != "seconds"} for row in read_rows(tmp_path / "straight")]
     assert len(strip) == 2 and all(row["status"] == "finished" for row in strip)
@@ -195,10 +199,10 @@ def test_sweep_killed_mid_run_resumes_to_the_uninterrupted_rows(prepared, tmp_pa
 
 def test_slurm_script_runs_one_grid_point_per_array_task(prepared, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    written = subprocess.run([*_cli_sweep(prepared, Path("s")), "--slurm"], capture_output=True, text=True, check=True)
+    written = subprocess.run([*_cli_sweep(prepared, Path("s")), "--slurm"], capture_output=True, text=True, check=True, env=ONE_THREAD)
     assert "submit with `sbatch s/sweep.sbatch`" in written.stdout and not list((tmp_path / "s").glob("r*/*"))  # nothing trained
     script = (tmp_path / "s" / "sweep.sbatch").read_text()
     assert "#SBATCH --array=0-5" in script and (tmp_path / "s" / "logs").is_dir()
     subprocess.run(["bash", "-n", "s/sweep.sbatch"], check=True)
-    subprocess.run(["bash", "s/sweep.sbatch"], check=True, capture_output=True, env={**os.environ, "SLURM_ARRAY_TASK_ID": "2"})
+    subprocess.run(["bash", "s/sweep.sbatch"], check=True, capture_output=True, env={**ONE_THREAD, "SLURM_ARRAY_TASK_ID": "2"})
     assert [row["run"] for row in read_rows(tmp_path / "s")] == ["c4e8-2x32"]

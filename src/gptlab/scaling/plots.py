@@ -3,7 +3,7 @@
     plot_isoflops(fit, rows, path)     loss against N (log x) per budget: the runs, each budget's parabola, its minima
     plot_power_laws(fit, path)         N_opt(C) and D_opt(C) on log-log panels: the IsoFLOP minima, the fitted power
                                        laws and the parametric law's optimum, extended to the target budgets, whose
-                                       predictions carry their 95% bootstrap intervals as error bars
+                                       predictions carry their 95% bootstrap intervals as vertical lines
     plot_parametric(fit, rows, path)   the parametric law's predicted loss against each size's observed loss
 
 Each returns the path written, or None when the fit has nothing to draw there (no file is written then).
@@ -87,15 +87,16 @@ def _minima(fit: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _draw_targets(axes, fit: dict) -> None:
-    """Each target's predictions with their bootstrap intervals as error bars (isoflop: squares, parametric: diamonds)."""
+    """Each target's predictions with their bootstrap intervals as vertical lines (isoflop: squares, parametric: diamonds)."""
     for method, marker, colour in (("isoflop", "s", "tab:blue"), ("parametric", "D", "tab:red")):
         for number, prediction in enumerate(prediction for prediction in fit["predictions"] if prediction[method]):
             guess = prediction[method]
             for axis, name in zip(axes, ("params", "tokens")):
                 ci = guess[f"{name}_ci"]
-                error = None if ci is None else [[guess[name] - ci[0]], [ci[1] - guess[name]]]
-                axis.errorbar([prediction["budget"]], [guess[name]], yerr=error, fmt=marker, color=colour,
-                              markersize=5, capsize=3, label=None if number else f"{method} prediction")
+                if ci is not None:  # a line, not error bars: a percentile interval need not hold its point estimate
+                    axis.vlines(prediction["budget"], ci[0], ci[1], color=colour, linewidth=1.5)
+                axis.plot([prediction["budget"]], [guess[name]], marker=marker, color=colour, markersize=5, linestyle="none",
+                          label=None if number else f"{method} prediction")
 
 
 def plot_power_laws(fit: dict, path: str | os.PathLike) -> Path | None:
@@ -126,7 +127,7 @@ def plot_power_laws(fit: dict, path: str | os.PathLike) -> Path | None:
         axis.grid(alpha=0.3, which="both")
     _draw_targets(axes, fit)
     axes[0].legend(fontsize=8)
-    figure.suptitle("compute-optimal size and data (error bars: 95% bootstrap intervals at the targets)", fontsize=10)
+    figure.suptitle("compute-optimal size and data (vertical lines: 95% bootstrap intervals at the targets)", fontsize=10)
     figure.tight_layout()
     return _save(figure, path)
 

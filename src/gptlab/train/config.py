@@ -172,7 +172,12 @@ class DepthRule:
         if self.params_law is None:
             return self.tokens_per_param * params
         k, a = self.params_law
-        return (params / k) ** (1 / a) / (6 * params)
+        try:
+            return (params / k) ** (1 / a) / (6 * params)
+        except OverflowError:
+            raise GptlabError(f"the N_opt(C) = {k:.3g} C^{a:.3g} law of {self.source or 'the depth rule'} gives a model of "
+                              f"{params:,.0f} params no finite budget; its exponent is too small to extrapolate that far "
+                              "(refit with more budgets, or use a smaller --depth)") from None
 
 
 def depth_model(model: ModelConfig, depth: int, head_dim: int = 64) -> ModelConfig:
