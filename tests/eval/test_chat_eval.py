@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -134,7 +135,8 @@ from pathlib import Path
 dist.init_process_group("gloo")
 folder = Path(sys.argv[1])
 result = evaluate_task(load_model(folder), ChatFormat(Tokenizer.load(folder / "tokenizer")), EvenLength(), n=7, batch_size=2, max_new_tokens=16)
-print(f"RESULT {dist.get_rank()} {json.dumps(result)}", flush=True)  # one write per line: ranks never interleave
+sys.stdout.write(f"RESULT {dist.get_rank()} {json.dumps(result)}\\n")  # one write (print writes the newline apart)
+sys.stdout.flush()
 dist.destroy_process_group()
 """
 
@@ -150,8 +152,9 @@ def test_evaluate_task_on_two_gloo_ranks_equals_one_process(model_and_chat, chat
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(chat_model)]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("RESULT"))
-    assert [json.loads(line.split(" ", 2)[2]) for line in lines] == [single, single]
+    # the ranks share torchrun's stdout: find each result wherever the other rank's output fell
+    results = sorted(re.findall(r"RESULT (\d) (\{[^}]*\})", result.stdout))
+    assert [rank for rank, _ in results] == ["0", "1"] and [json.loads(text) for _, text in results] == [single, single]
 
 
 def test_task_base_class_needs_make_and_verify():
