@@ -19,6 +19,7 @@ ALLOWED = {
     "parallel": {"runtime"},
     "train": {"runtime", "model", "data", "eval", "runs", "parallel"},
     "align": {"runtime", "train", "chat", "infer", "eval", "model", "data"},
+    "curate": {"runtime", "data"},
     "scaling": {"runtime", "train", "model", "data", "runs"},  # runs: a run's metrics.jsonl, pyplot on Agg
     "serve": {"runtime", "infer", "chat", "model", "tokenizer"},
     "cli": {"*"},

@@ -1,4 +1,5 @@
-"""`gptlab data get` (built-in corpora) and `gptlab data prepare` (token shards)."""
+"""`gptlab data get` (built-in corpora), `gptlab data curate` (raw web data to clean text) and `gptlab data prepare`
+(token shards)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,32 @@ def register(stages) -> None:
     get.add_argument("name", choices=["shakespeare"])
     get.add_argument("--out", metavar="DIR", help="also copy the documents (one .txt per work) here")
     get.set_defaults(handler=run_get)
+
+    curate = verbs.add_parser(
+        "curate", help="raw web data (WARC, WET, HTML, JSONL, parquet) to clean, deduplicated text shards (resumable)",
+        description="Extract, filter (language, Gopher rules, repetition, classifiers), mask PII and deduplicate (exact lines, "
+        "exact documents, MinHash) into shards that `gptlab data prepare OUT` reads. Rerunning the same command resumes.",
+    )
+    curate.add_argument("inputs", nargs="+", metavar="INPUT", help="files, directories or globs (.warc[.gz], .wet[.gz], .html, "
+                        ".jsonl[.gz], .parquet, .txt)")
+    curate.add_argument("--out", required=True, metavar="DIR")
+    curate.add_argument("--config", metavar="TOML", help="stage settings (default: every stage at its defaults; "
+                        "docs/curate.toml lists every setting)")
+    curate.add_argument("--workers", type=int, default=0, help="processes for the per-document stages (default: all cores)")
+    curate.add_argument("--force", action="store_true", help="start over: clear the curation in --out (its own files only)")
+    curate.set_defaults(handler=run_curate)
+
+    quality = verbs.add_parser(
+        "train-quality", help="train a quality classifier on your own good and bad examples, for curate's [quality] stage",
+        description="Hashed word 1-2-gram logistic regression (GPT-3's quality filter): POSITIVES are examples of the text "
+        "to keep (e.g. pages Wikipedia links to), --negatives of the rest (e.g. random crawl pages). Any input curate reads.",
+    )
+    quality.add_argument("positives", nargs="+", metavar="POSITIVE")
+    quality.add_argument("--negatives", nargs="+", required=True, metavar="NEGATIVE")
+    quality.add_argument("--out", required=True, metavar="FILE", help="the classifier (.npz), for [quality] path = FILE")
+    quality.add_argument("--text-field", default="text", help="JSONL / parquet field holding the text (default text)")
+    quality.add_argument("--force", action="store_true", help="replace FILE")
+    quality.set_defaults(handler=run_train_quality)
 
     prepare = verbs.add_parser(
         "prepare",
@@ -124,3 +151,48 @@ def summary(result) -> str:
     if result.rewritten:
         lines.append(f"  rewrote what was wrong: {'; '.join(result.rewritten)}")
     return "\n".join(lines)
+
+
+def run_curate(args: argparse.Namespace) -> int:
+    from gptlab.curate.config import load_config
+    from gptlab.curate.pipeline import curate, summary
+
+    config = load_config(args.config)
+    if args.workers < 0:
+        from gptlab.runtime import GptlabError
+
+        raise GptlabError(f"--workers must be 0 (all cores) or more, got {args.workers}")
+    report = curate(args.inputs, args.out, config, workers=args.workers, force=args.force)
+    print(summary(report))
+    print(f"wrote {args.out}/shards and {args.out}/report.json; tokenize with "
+          f"`gptlab data prepare {args.out}/shards -t TOKENIZER --out DIR`")
+    return 0
+
+
+def _texts(inputs: list[str], text_field: str) -> list[str]:
+    """Every document's text in the inputs, HTML pages extracted as curate extracts them."""
+    from gptlab.curate.extract import Extract, ExtractConfig
+    from gptlab.curate.readers import expand_inputs, read_documents
+
+    extract = Extract(ExtractConfig())
+    return [document.text for path in expand_inputs(inputs)
+            for document in extract.run(read_documents(path, text_field=text_field))]
+
+
+def run_train_quality(args: argparse.Namespace) -> int:
+    from gptlab.curate.classifier import train_quality_classifier
+    from gptlab.runtime import GptlabError
+
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise GptlabError(f"--out {out} exists; pass --force to replace it, or another --out")
+    if out.suffix != ".npz":
+        raise GptlabError(f"--out {out}: the classifier is saved as .npz; name the file e.g. {out.with_suffix('.npz')}")
+    positives, negatives = _texts(args.positives, args.text_field), _texts(args.negatives, args.text_field)
+    classifier = train_quality_classifier(positives, negatives)
+    classifier.save(out)
+    training = classifier.training or {}
+    print(f"trained on {len(positives):,} positives and {len(negatives):,} negatives "
+          f"(training accuracy {training.get('training_accuracy', float('nan')):.3f}); saved {out}: "
+          f"use it with [quality] path = \"{out}\" in curate's --config")
+    return 0

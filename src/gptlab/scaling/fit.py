@@ -28,13 +28,13 @@ import numpy as np
 
 from gptlab.model.accounting import PARAM_CONVENTIONS
 from gptlab.runtime import GptlabError, read_json
+from gptlab.runtime.processes import one_blas_thread
 from gptlab.scaling.laws import (
     ParametricFit,
     ParametricFitter,
     ParametricLaw,
     fit_parabola,
     fit_power_law,
-    one_blas_thread,
     parabola_minimum,
 )
 from gptlab.scaling.report import summary

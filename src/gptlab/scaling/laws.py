@@ -13,7 +13,6 @@ Not here: sweep rows, bootstrap intervals and the fit file (gptlab.scaling.fit);
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gptlab.runtime import GptlabError
+from gptlab.runtime.processes import one_blas_thread
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,22 +128,6 @@ class ParametricFit:
     law: ParametricLaw
     theta: tuple[float, ...]
     objective: float
-
-
-def one_blas_thread():
-    """A context that keeps BLAS to one thread while L-BFGS runs, where threadpoolctl is installed (else nothing).
-
-    scipy >= 1.15's L-BFGS-B calls LAPACK on matrices a few rows wide at every iteration; a multi-threaded
-    OpenBLAS then wakes its threads each time, which on a busy machine costs milliseconds per iteration, 30-50x
-    the whole fit (scipy issue #22438). One thread loses nothing on problems this small.
-    """
-    import scipy.optimize  # noqa: F401  (loads scipy's own OpenBLAS: a limit applies to the libraries loaded when set)
-
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
 
 
 class ParametricFitter:

@@ -1,0 +1,202 @@
+"""`gptlab data curate`: inputs through the per-document stages in parallel, then corpus-wide deduplication, into shards.
+
+    phase 1  each input file, in a worker process: read -> extract -> language -> gopher -> repetition -> quality
+             -> fastText classifiers -> PII, into OUT/work/filtered_NNNNN.jsonl and its counts (.stats.json)
+    phase 2  over every filtered file in input order: exact document dedup, MinHash near-duplicates, exact line dedup,
+             into OUT/shards/shard_NNNNN.jsonl (or .parquet): {"id", "text", metadata...}, what
+             `gptlab data prepare OUT/shards` reads
+    report   OUT/report.json (per stage: documents and bytes in and out, drop reasons, examples) and OUT/report.txt
+
+Resumable: a file's phase-1 output is written atomically with its counts, so a rerun after a kill skips the files
+done; phase 2 is deterministic and reruns whole. OUT/work is removed once the report is written; a rerun of a
+finished curation only reprints its report. The folder is claimed as a run (gptlab.runtime.rundir): the same
+inputs and config resume, others are refused. Not here: the stages themselves (the other gptlab.curate modules).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from gptlab.curate.config import CurateConfig, build_dedup, build_stages
+from gptlab.curate.document import Document, StageStats
+from gptlab.curate.readers import expand_inputs, read_documents
+from gptlab.runtime import GptlabError, atomic_write, atomic_write_text, read_json
+from gptlab.runtime.processes import default_workers, process_context
+from gptlab.runtime.rundir import claim_run_folder
+
+WORK = "work"
+SHARDS = "shards"
+CURATE_FILES = (SHARDS, "report.json", "report.txt", WORK)
+
+
+def curate(inputs: list[str], out: str | os.PathLike, config: CurateConfig, *, workers: int = 0, force: bool = False,
+           log: Callable[[str], None] = print) -> dict:
+    """Curate `inputs` into `out`; returns the report. Refuses a folder holding anything else, before any work."""
+    files = expand_inputs(inputs)
+    out = Path(out)
+    build_stages(config)  # a bad config (a missing classifier file, ...) fails here, before the folder is claimed
+    record = {"inputs": [str(path.absolute()) for path in files], "config": dataclasses.asdict(config)}
+    folder = claim_run_folder(out, command="data curate", config=record, ours=CURATE_FILES, force=force, free=["workers"])
+    if folder.status == "resume" and (out / "report.json").is_file() and not (out / WORK).exists():
+        log(f"{out} holds this curation, finished: its report follows (--force starts over)")
+        return read_json(out / "report.json")
+    (out / WORK).mkdir(exist_ok=True)
+    done = [index for index in range(len(files)) if _stats_path(out, index).is_file()]
+    if folder.status == "resume" and done:
+        log(f"resuming {out}: {len(done)} of {len(files)} inputs filtered before")
+    todo = [(index, str(path), out, config) for index, path in enumerate(files) if index not in done]
+    workers = min(workers or default_workers(), max(1, len(todo)))
+    if todo:
+        log(f"phase 1: {len(todo)} inputs through {', '.join(stage.name for stage in build_stages(config))} ({workers} workers)")
+        _run_phase_one(todo, workers, log)
+    per_file = [read_json(_stats_path(out, index)) for index in range(len(files))]
+    log("phase 2: deduplication over the whole corpus")
+    dedup_stats, shards = _run_phase_two(out, len(files), config)
+    report = _report(files, per_file, dedup_stats, shards)
+    atomic_write_text(out / "report.json", json.dumps(report, indent=1) + "\n")
+    atomic_write_text(out / "report.txt", summary(report) + "\n")
+    shutil.rmtree(out / WORK)  # a copy of the filtered corpus, needed only to resume
+    return report
+
+
+def _stats_path(out: Path, index: int) -> Path:
+    return out / WORK / f"filtered_{index:05d}.stats.json"
+
+
+def _filtered_path(out: Path, index: int) -> Path:
+    return out / WORK / f"filtered_{index:05d}.jsonl"
+
+
+def _run_phase_one(todo: list[tuple], workers: int, log: Callable[[str], None]) -> None:
+    if workers == 1:
+        for job in todo:
+            log(_filter_file(job))
+        return
+    with process_context().Pool(workers) as pool:
+        for line in pool.imap_unordered(_filter_file, todo):
+            log(line)
+
+
+def _filter_file(job: tuple) -> str:
+    """One input through the per-document stages: its documents, then its counts, each written atomically."""
+    index, path, out, config = job
+    stages = build_stages(config)
+    reader = read_documents(path, text_field=config.text_field, id_field=config.id_field)
+    documents: Iterator[Document] = iter(reader)
+    for stage in stages:
+        documents = stage.run(documents)
+    kept = 0
+    with atomic_write(_filtered_path(out, index)) as handle:
+        for document in documents:
+            handle.write(json.dumps(_record(document), ensure_ascii=False) + "\n")
+            kept += 1
+    stats = {"input": path, "read": _read_counts(reader), "stages": [stage.stats.as_dict() for stage in stages]}
+    atomic_write_text(_stats_path(out, index), json.dumps(stats) + "\n")
+    return f"  {Path(path).name}: {kept:,} documents kept"
+
+
+def _read_counts(reader) -> dict:
+    counts = getattr(reader, "stats", None)
+    return dataclasses.asdict(counts) if dataclasses.is_dataclass(counts) else dict(counts or {})
+
+
+def _record(document: Document) -> dict:
+    metadata = {key: value for key, value in document.metadata.items() if not isinstance(value, bytes)}
+    return {"id": document.id, "text": document.text, "metadata": metadata}
+
+
+def _filtered_documents(out: Path, count: int) -> Callable[[], Iterator[Document]]:
+    """Every phase-1 document in input order, as a callable giving a fresh pass (dedup reads the corpus twice)."""
+    def documents() -> Iterator[Document]:
+        for index in range(count):
+            with open(_filtered_path(out, index), encoding="utf-8") as handle:
+                for line in handle:
+                    record = json.loads(line)
+                    yield Document(id=record["id"], text=record["text"], metadata=record["metadata"])
+    return documents
+
+
+def _run_phase_two(out: Path, count: int, config: CurateConfig) -> tuple[list[StageStats], list[str]]:
+    """The dedup passes over the whole corpus, then the output shards; stale shards of an earlier run removed."""
+    documents = _filtered_documents(out, count)
+    passes = build_dedup(config)
+    for dedup in passes:
+        documents = dedup.apply(documents)
+    (out / SHARDS).mkdir(exist_ok=True)
+    shards = _write_shards(out / SHARDS, documents(), config)
+    for stale in sorted((out / SHARDS).glob("shard_*")):
+        if stale.name not in shards:
+            stale.unlink()
+    return [dedup.stats for dedup in passes], shards
+
+
+def _write_shards(out: Path, documents: Iterator[Document], config: CurateConfig) -> list[str]:
+    names, batch = [], []
+    for document in documents:
+        batch.append(_output_row(document))
+        if len(batch) == config.output.shard_documents:
+            names.append(_write_shard(out, len(names), batch, config.output.format))
+            batch = []
+    if batch or not names:
+        names.append(_write_shard(out, len(names), batch, config.output.format))
+    return names
+
+
+def _output_row(document: Document) -> dict:
+    return {"id": document.id, "text": document.text, **{key: value for key, value in document.metadata.items()
+                                                         if key not in ("id", "text") and not isinstance(value, bytes)}}
+
+
+def _write_shard(out: Path, number: int, rows: list[dict], kind: str) -> str:
+    name = f"shard_{number:05d}.{kind}"
+    if kind == "jsonl":
+        with atomic_write(out / name) as handle:
+            handle.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from gptlab.runtime import atomic_path
+
+        table = pa.Table.from_pylist(rows) if rows else pa.table({"id": pa.array([], pa.string()), "text": pa.array([], pa.string())})
+        with atomic_path(out / name) as path:
+            pq.write_table(table, path)
+    return name
+
+
+def _report(files: list[Path], per_file: list[dict], dedup: list[StageStats], shards: list[str]) -> dict:
+    """Per-file stage counts merged, the read counts summed, and the dedup passes' counts, in pipeline order."""
+    stages: dict[str, StageStats] = {}
+    read: dict[str, int] = {}
+    for record in per_file:
+        for key, value in record["read"].items():
+            read[key] = read.get(key, 0) + value if isinstance(value, int) else value
+        for stage in record["stages"]:
+            stats = StageStats.from_dict(stage)
+            stages.setdefault(stats.name, StageStats(stats.name)).merge(stats)
+    ordered = [*stages.values(), *dedup]
+    if not ordered:
+        raise GptlabError("no stage ran")  # build_stages always has at least the extraction
+    return {"format": "gptlab-curate-report", "version": 1, "inputs": [str(path) for path in files], "read": read,
+            "stages": [stats.as_dict() for stats in ordered], "shards": shards,
+            "documents_out": ordered[-1].documents_out, "bytes_out": ordered[-1].bytes_out}
+
+
+def summary(report: dict) -> str:
+    """The report in a few lines: each stage's documents and bytes in and out, and its most common drop reasons."""
+    lines = [f"{len(report['inputs'])} inputs; read: " + ", ".join(f"{key} {value:,}" for key, value in report["read"].items()
+                                                                  if isinstance(value, int)),
+             f"{'stage':<14} {'docs in':>9} {'docs out':>9} {'kept':>6} {'MB in':>8} {'MB out':>8}  top reasons / changes"]
+    for stage in report["stages"]:
+        kept = stage["documents_out"] / stage["documents_in"] if stage["documents_in"] else 1.0
+        reasons = sorted(stage["reasons"].items(), key=lambda item: -item[1])[:3] + sorted(stage["changes"].items(), key=lambda item: -item[1])[:2]
+        lines.append(f"{stage['name']:<14} {stage['documents_in']:>9,} {stage['documents_out']:>9,} {kept:>6.1%} "
+                     f"{stage['bytes_in'] / 1e6:>8.2f} {stage['bytes_out'] / 1e6:>8.2f}  "
+                     + "; ".join(f"{reason} {count:,}" for reason, count in reasons))
+    lines.append(f"out: {report['documents_out']:,} documents, {report['bytes_out'] / 1e6:.2f} MB in {len(report['shards'])} shards")
+    return "\n".join(lines)
