@@ -14,7 +14,7 @@ NATIVE := setup.py $(wildcard src/gptlab/tokenizer/_native/*.c)
 # Every dependency pinned to the versions the suite passed with (pip constraints); `make lock` updates it.
 LOCK := requirements.lock
 
-.PHONY: demo test install install-dev bench lock clean scaling
+.PHONY: demo test install install-dev bench lock clean scaling curate
 
 $(VENV)/.torch:
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,12 @@ scaling: $(VENV)/.installed
 	$(SWEEP) --budgets 2e12 --tokens-per-param 0.5 150 --lr-scales 0.5 1 2
 	$(SWEEP) --budgets 2e12 --tokens-per-param 0.5 200
 	$(VENV)/bin/gptlab fit $(SCALING)/sweep --target 1e14 1e16
+
+# The README's curation example: a synthetic 200-page crawl (a WARC file, made offline) through gptlab data curate.
+CURATE ?= runs/curate-example
+curate: $(VENV)/.installed
+	test -f $(CURATE)/crawl.warc.gz || $(PY) -m gptlab.curate.example $(CURATE)/crawl.warc.gz
+	$(VENV)/bin/gptlab data curate $(CURATE)/crawl.warc.gz --out $(CURATE)/curated
 
 # Re-resolve every dependency (newest versions pyproject.toml allows) in a fresh venv and record them.
 lock:

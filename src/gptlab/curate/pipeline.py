@@ -52,7 +52,7 @@ def curate(inputs: list[str], out: str | os.PathLike, config: CurateConfig, *, w
     todo = [(index, str(path), out, config) for index, path in enumerate(files) if index not in done]
     workers = min(workers or default_workers(), max(1, len(todo)))
     if todo:
-        log(f"phase 1: {len(todo)} inputs through {', '.join(stage.name for stage in build_stages(config))} ({workers} workers)")
+        log(f"phase 1: {len(todo)} inputs through {', '.join(stage.name for stage in build_stages(config))} ({workers} worker{'s' if workers != 1 else ''})")
         _run_phase_one(todo, workers, log)
     per_file = [read_json(_stats_path(out, index)) for index in range(len(files))]
     log("phase 2: deduplication over the whole corpus")
