@@ -196,30 +196,24 @@ def repeated_ngram_words(n: int, threshold: float, covered_occurrences: int, ext
     return gram + fillers[:half] + gram + fillers[half:]
 
 
-@pytest.mark.parametrize("index, n", list(enumerate(TOP_NGRAM_SIZES)))
-def test_repetition_top_ngram_rule_at_its_edge(index, n):
-    thresholds = RepetitionConfig().max_top_ngram_characters
-    only = [1.0] * 3
-    only[index] = thresholds[index]
-    kept = repeated_ngram_words(n, thresholds[index], covered_occurrences=2, extra_characters=0)
-    assert top_ngram_character_fraction(kept, n) == thresholds[index]
-    assert repetition(" ".join(kept), max_top_ngram_characters=tuple(only)) is None
-    dropped = " ".join(repeated_ngram_words(n, thresholds[index], covered_occurrences=2, extra_characters=-1))
-    assert (repetition(dropped, max_top_ngram_characters=tuple(only))
-            == f"repetition: most common {n}-gram above {thresholds[index] * 100:g}% of characters")
+NGRAM_RULES = [  # (config field, sizes, measure, occurrences the repeat covers, the drop reason's words)
+    ("max_top_ngram_characters", TOP_NGRAM_SIZES, top_ngram_character_fraction, 2, "most common {n}-gram"),
+    ("max_duplicate_ngram_characters", DUPLICATE_NGRAM_SIZES, duplicate_ngram_character_fraction, 1, "duplicate {n}-grams"),
+]
 
 
-@pytest.mark.parametrize("index, n", list(enumerate(DUPLICATE_NGRAM_SIZES)))
-def test_repetition_duplicate_ngram_rule_at_its_edge(index, n):
-    thresholds = RepetitionConfig().max_duplicate_ngram_characters
-    only = [1.0] * 6
+@pytest.mark.parametrize(("field", "index", "n", "measure", "covered", "reason"),
+                         [(field, index, n, measure, covered, reason) for field, sizes, measure, covered, reason in NGRAM_RULES
+                          for index, n in enumerate(sizes)])
+def test_repetition_ngram_rules_at_their_edge(field, index, n, measure, covered, reason):
+    thresholds = getattr(RepetitionConfig(), field)
+    only = [1.0] * len(thresholds)
     only[index] = thresholds[index]
-    kept = repeated_ngram_words(n, thresholds[index], covered_occurrences=1, extra_characters=0)
-    assert duplicate_ngram_character_fraction(kept, n) == thresholds[index]
-    assert repetition(" ".join(kept), max_duplicate_ngram_characters=tuple(only)) is None
-    dropped = " ".join(repeated_ngram_words(n, thresholds[index], covered_occurrences=1, extra_characters=-1))
-    assert (repetition(dropped, max_duplicate_ngram_characters=tuple(only))
-            == f"repetition: duplicate {n}-grams above {thresholds[index] * 100:g}% of characters")
+    kept = repeated_ngram_words(n, thresholds[index], covered_occurrences=covered, extra_characters=0)
+    assert measure(kept, n) == thresholds[index]
+    assert repetition(" ".join(kept), **{field: tuple(only)}) is None
+    dropped = " ".join(repeated_ngram_words(n, thresholds[index], covered_occurrences=covered, extra_characters=-1))
+    assert repetition(dropped, **{field: tuple(only)}) == f"repetition: {reason.format(n=n)} above {thresholds[index] * 100:g}% of characters"
 
 
 def test_repetition_keeps_ordinary_prose_with_the_default_thresholds():
