@@ -52,7 +52,8 @@ def test_freed_blocks_are_reused_instead_of_remapped():
     # glibc's default: a block this size gets its own mapping, unmapped (and faulted in afresh) next time
     assert default["mapped"] >= size and default["kept"] < size
     # tuned: it comes from the heap and stays there for the next step
-    assert tuned["mapped"] == 0 and tuned["kept"] >= size
+    # (the arena grows by the block less whatever free space its top already had: a few pages, depending on imports)
+    assert tuned["mapped"] == 0 and tuned["kept"] >= size - 2**20
 
 
 def test_a_users_own_malloc_settings_are_left_alone(monkeypatch):
