@@ -20,8 +20,9 @@ def register(stages) -> None:
 
     curate = verbs.add_parser(
         "curate", help="raw web data (WARC, WET, HTML, JSONL, parquet) to clean, deduplicated text shards (resumable)",
-        description="Extract, filter (language, Gopher rules, repetition, classifiers), mask PII and deduplicate (exact lines, "
-        "exact documents, MinHash) into shards that `gptlab data prepare OUT` reads. Rerunning the same command resumes.",
+        description="Extract, filter (language, Gopher rules, repetition, classifiers), mask PII and deduplicate (exact "
+        "documents, MinHash, exact lines) into OUT/shards, which `gptlab data prepare OUT/shards` reads. Rerunning the same "
+        "command resumes.",
     )
     curate.add_argument("inputs", nargs="+", metavar="INPUT", help="files, directories or globs (.warc[.gz], .wet[.gz], .html, "
                         ".jsonl[.gz], .parquet, .txt)")
