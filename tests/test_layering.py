@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SRC = Path(__file__).resolve().parents[1] / "src" / "gptlab"
 ALLOWED = {
     "runtime": set(),
@@ -58,8 +60,10 @@ def test_layering_every_import_follows_the_stage_graph():
     assert not violations, "\n".join(violations)
 
 
-def test_tokenizer_imports_without_torch():
-    code = "import sys, gptlab.tokenizer, gptlab.tokenizer.train, gptlab.tokenizer.formats; print('torch' in sys.modules)"
+@pytest.mark.parametrize("modules", ["gptlab.tokenizer, gptlab.tokenizer.train, gptlab.tokenizer.formats",
+                                     "gptlab.curate.pipeline, gptlab.curate.config, gptlab.curate.datatrove_steps"])
+def test_stages_without_torch_import_without_torch(modules):
+    code = f"import sys, {modules}; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 
