@@ -174,6 +174,13 @@ def sweep_record(base: TrainConfig, sweep: SweepConfig) -> dict:
                      "min_steps": sweep.min_steps, "tokens_per_param": sweep.tokens_per_param}}
 
 
+def claim_sweep(out: Path, base: TrainConfig, sweep: SweepConfig, force: bool):
+    """The sweep folder, new or resumed: the same training settings (logging and the like may change, the grid may
+    grow); anything else is refused, as a training run's folder is."""
+    return claim_run_folder(out, command="sweep", config=sweep_record(base, sweep), ours=SWEEP_FILES, force=force,
+                            free=["grid", *(f"train.{name}" for name in FREE_FIELDS)], defaults={"train": _train_defaults()})
+
+
 def run_sweep(base: TrainConfig, sweep: SweepConfig, out: str | Path, *, index: int | None = None, force: bool = False,
               log: Callable[[str], None] = print, runtime=None) -> list[dict]:
     """Run the grid (or its point number `index`) one run after another; returns the rows of the points run or skipped.
@@ -188,9 +195,7 @@ def run_sweep(base: TrainConfig, sweep: SweepConfig, out: str | Path, *, index: 
         raise GptlabError(f"--index {index} is outside the grid of {len(points)} runs (0..{len(points) - 1})")
     chosen = points if index is None else [points[index]]
     check_point(chosen[0].config, runtime)
-    folder = claim_run_folder(out, command="sweep", config=sweep_record(base, sweep), ours=SWEEP_FILES, force=force,
-                              free=["grid", *(f"train.{name}" for name in FREE_FIELDS)],
-                              defaults={"train": _train_defaults()})
+    folder = claim_sweep(out, base, sweep, force)
     log(("resuming" if folder.status == "resume" else "starting") + f" the sweep in {out}: {len(points)} runs, "
         f"C = 6 N D with N the {sweep.count} parameters")
     rows = []
@@ -218,8 +223,7 @@ def write_slurm_script(base: TrainConfig, sweep: SweepConfig, out: str | Path, c
     out = Path(out)
     points = plan(base, sweep, out)
     check_point(dataclasses.replace(points[0].config, device="cpu"), None)  # here, on the login node: data and tokenizer
-    claim_run_folder(out, command="sweep", config=sweep_record(base, sweep), ours=SWEEP_FILES, force=force,
-                     free=["grid", *(f"train.{name}" for name in FREE_FIELDS)], defaults={"train": _train_defaults()})
+    claim_sweep(out, base, sweep, force)
     (out / "logs").mkdir(exist_ok=True)
     line = " ".join(shlex.quote(part) for part in [sys.executable, "-m", "gptlab", *command]) + ' --index "$SLURM_ARRAY_TASK_ID"'
     script = "\n".join([
