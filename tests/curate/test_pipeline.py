@@ -209,3 +209,17 @@ def test_train_quality_then_curate_with_it_drops_what_it_learned_is_bad(tmp_path
     quality = next(stage for stage in report["stages"] if stage["name"] == "quality")
     assert (quality["documents_in"], quality["documents_out"], quality["reasons"]) == (10, 5, {"quality below 0.5": 5})
     assert [row["id"] for row in _rows(tmp_path / "out")] == [f"mixed.jsonl/{n}" for n in range(1, 6)]
+
+
+def test_inputs_sharing_a_file_name_keep_document_ids_unique(tmp_path):
+    """crawl-a/part.jsonl and crawl-b/part.jsonl without ids: each id names its input's path, not just part.jsonl."""
+    from gptlab.data.corpus import shakespeare_documents
+
+    works = shakespeare_documents()
+    for folder, text in (("crawl-a", works[0]), ("crawl-b", works[1])):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "part.jsonl").write_text(json.dumps({"text": text[:20_000]}) + "\n")
+    (tmp_path / "c.toml").write_text("skip = [\"repetition\"]\n")
+    assert main(["data", "curate", str(tmp_path / "crawl-a"), str(tmp_path / "crawl-b"), "--out", str(tmp_path / "out"),
+                 "--config", str(tmp_path / "c.toml")]) == 0
+    assert [row["id"] for row in _rows(tmp_path / "out")] == ["crawl-a/part.jsonl/1", "crawl-b/part.jsonl/1"]

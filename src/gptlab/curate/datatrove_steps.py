@@ -16,9 +16,11 @@ Not here: the stages (the other gptlab.curate modules).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 from gptlab.curate.config import CurateConfig, build_stages
 from gptlab.curate.document import Document, Stage
+from gptlab.curate.pipeline import input_labels, relabel
 from gptlab.curate.readers import expand_inputs, read_documents
 from gptlab.runtime import GptlabError
 
@@ -52,14 +54,16 @@ class GptlabReader(PipelineStep):
     def __init__(self, inputs: list[str], *, text_field: str = "text", id_field: str = "id") -> None:
         _need_datatrove()
         super().__init__()
-        self.files = [str(path) for path in expand_inputs(inputs)]
+        files = expand_inputs(inputs)
+        self.files = list(zip(map(str, files), input_labels(files)))  # (path, how its document ids begin)
         self.text_field, self.id_field = text_field, id_field
 
     def run(self, data=None, rank: int = 0, world_size: int = 1) -> Iterator:
         if data:
             yield from data
-        for path in self.files[rank::world_size]:
-            for document in read_documents(path, text_field=self.text_field, id_field=self.id_field):
+        for path, label in self.files[rank::world_size]:
+            documents = read_documents(path, text_field=self.text_field, id_field=self.id_field)
+            for document in relabel(documents, Path(path).name, label):
                 self.stat_update("documents read")
                 converted = DatatroveDocument(text=document.text, id=document.id, metadata=document.metadata)
                 yield converted

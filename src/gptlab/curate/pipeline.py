@@ -49,7 +49,8 @@ def curate(inputs: list[str], out: str | os.PathLike, config: CurateConfig, *, w
     done = [index for index in range(len(files)) if _stats_path(out, index).is_file()]
     if folder.status == "resume" and done:
         log(f"resuming {out}: {len(done)} of {len(files)} inputs filtered before")
-    todo = [(index, str(path), out, config) for index, path in enumerate(files) if index not in done]
+    labels = input_labels(files)
+    todo = [(index, str(path), labels[index], out, config) for index, path in enumerate(files) if index not in done]
     workers = min(workers or default_workers(), max(1, len(todo)))
     if todo:
         log(f"phase 1: {len(todo)} inputs through {', '.join(stage.name for stage in build_stages(config))} ({workers} worker{'s' if workers != 1 else ''})")
@@ -84,10 +85,10 @@ def _run_phase_one(todo: list[tuple], workers: int, log: Callable[[str], None]) 
 
 def _filter_file(job: tuple) -> str:
     """One input through the per-document stages: its documents, then its counts, each written atomically."""
-    index, path, out, config = job
+    index, path, label, out, config = job
     stages = build_stages(config)
     reader = read_documents(path, text_field=config.text_field, id_field=config.id_field)
-    documents: Iterator[Document] = iter(reader)
+    documents: Iterator[Document] = relabel(reader, Path(path).name, label)
     for stage in stages:
         documents = stage.run(documents)
     kept = 0
@@ -98,6 +99,24 @@ def _filter_file(job: tuple) -> str:
     stats = {"input": path, "read": _read_counts(reader), "stages": [stage.stats.as_dict() for stage in stages]}
     atomic_write_text(_stats_path(out, index), json.dumps(stats) + "\n")
     return f"  {Path(path).name}: {kept:,} documents kept"
+
+
+def input_labels(files: list[Path]) -> list[str]:
+    """How each input names its documents: its file name, or its path below the inputs' common folder where two
+    inputs share a name (part-0.warc.gz in two crawls), so document ids stay unique."""
+    names = [path.name for path in files]
+    if len(set(names)) == len(names):
+        return names
+    common = Path(os.path.commonpath([str(path.absolute().parent) for path in files]))
+    return [str(path.absolute().relative_to(common)) if names.count(path.name) > 1 else path.name for path in files]
+
+
+def relabel(documents, name: str, label: str) -> Iterator[Document]:
+    """Ids that start with the file name ("part-0.warc.gz/17") start with its label instead."""
+    for document in documents:
+        if label != name and document.id.startswith(name + "/"):
+            document.id = label + document.id[len(name):]
+        yield document
 
 
 def _read_counts(reader) -> dict:
