@@ -111,6 +111,8 @@ def test_curate_refuses_a_folder_it_did_not_make_and_other_settings(crawl, curat
     ("[quality]\npath = \"missing.npz\"\n", "missing.npz"),
     ("[[fasttext]]\npath = \"missing.bin\"\nlabel = \"__label__bad\"\n", "missing.bin"),
     ("not toml [", "is not valid TOML"),
+    ("skip = [\"extract\", \"language\", \"gopher\", \"repetition\", \"quality\", \"fasttext\", \"pii\", \"exact_dedup\", "
+     "\"minhash\", \"line_dedup\"]\n", "skip leaves out every stage"),
 ])
 def test_curate_refuses_bad_configs_in_one_line_and_leaves_nothing(crawl, tmp_path, capsys, text, message):
     config = tmp_path / "c.toml"

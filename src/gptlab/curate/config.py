@@ -81,6 +81,8 @@ class CurateConfig:
         unknown = sorted(set(self.skip) - set(DOCUMENT_STAGES) - set(CORPUS_STAGES))
         if unknown:
             raise GptlabError(f"skip names unknown stages {', '.join(unknown)}; stages: {', '.join(DOCUMENT_STAGES + CORPUS_STAGES)}")
+        if set(DOCUMENT_STAGES + CORPUS_STAGES) <= set(self.skip):
+            raise GptlabError("skip leaves out every stage: nothing would be curated; drop some names from skip")
 
 
 def load_config(path: str | None) -> CurateConfig:
