@@ -24,6 +24,7 @@ ALLOWED = {
     "curate": {"runtime", "data"},
     "scaling": {"runtime", "train", "model", "data", "runs"},  # runs: a run's metrics.jsonl, pyplot on Agg
     "serve": {"runtime", "infer", "chat", "model", "tokenizer"},
+    "export": {"runtime", "model", "tokenizer", "chat"},
     "cli": {"*"},
     "pipeline": {"*"},
     "__main__": {"*"},

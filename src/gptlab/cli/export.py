@@ -3,12 +3,14 @@
     gptlab export hf runs/shakespeare out/shakespeare-hf
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    model = AutoModelForCausalLM.from_pretrained("out/shakespeare-hf")     # gptlab's logits
-    tokenizer = AutoTokenizer.from_pretrained("out/shakespeare-hf")        # gptlab's ids
+    model = AutoModelForCausalLM.from_pretrained("out/shakespeare-hf", trust_remote_code=True)  # gptlab's logits
+    tokenizer = AutoTokenizer.from_pretrained("out/shakespeare-hf", trust_remote_code=True)    # gptlab's ids
 
 MODEL is any folder gptlab reads (gptlab.cli.common). The weights go through
-gptlab.model.hf.export_hf (GPT2LMHeadModel, LlamaForCausalLM or
-Qwen3ForCausalLM), the tokenizer through the tokenizer's Hugging Face writer.
+gptlab.export.export_hf: GPT2LMHeadModel, LlamaForCausalLM or Qwen3ForCausalLM where
+one computes the model exactly, else gptlab's own modeling code written into OUT
+(trust_remote_code=True); the line printed says which. The tokenizer goes through the
+tokenizer's Hugging Face writer.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from gptlab.cli.common import add_model_argument, load_model_from, load_model_to
 from gptlab.runtime import GptlabError, check_out_dir
 
 HF_FILES = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-            "special_tokens_map.json", "vocab.json", "merges.txt")
+            "special_tokens_map.json", "vocab.json", "merges.txt", "configuration_gptlab.py", "modeling_gptlab.py")
 
 
 def register(stages) -> None:
@@ -38,7 +40,7 @@ def register(stages) -> None:
 
 
 def run_export_hf(args: argparse.Namespace) -> int:
-    from gptlab.model.hf import check_exportable, export_hf
+    from gptlab.export import check_exportable, export_hf
 
     out = Path(args.out)
     existing = check_out_dir(out, HF_FILES, flag="OUT")
@@ -51,7 +53,7 @@ def run_export_hf(args: argparse.Namespace) -> int:
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:  # written beside OUT, then swapped in: OUT is the old export or the new one, never half of each
-        export_hf(model, tmp, eos_token_id=tokenizer.special_tokens[END] if chat else tokenizer.eot_id)
+        written = export_hf(model, tmp, eos_token_id=tokenizer.special_tokens[END] if chat else tokenizer.eot_id)
         tokenizer.save_huggingface_dir(tmp, model_max_length=model.config.block_size, chat_template=chat_template() if chat else None)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -59,6 +61,6 @@ def run_export_hf(args: argparse.Namespace) -> int:
     if out.exists():
         shutil.rmtree(out)  # empty, or only an earlier export's files (checked above)
     os.replace(tmp, out)
-    print(f"exported {args.checkpoint} ({model.config.arch}, {model.num_params():,} parameters) with its tokenizer "
-          f"({tokenizer.vocab_size:,} ids) to {out}")
+    print(f"exported {args.checkpoint} ({model.config.arch}, {model.num_params():,} parameters) {written.describe()} with its "
+          f"tokenizer ({tokenizer.vocab_size:,} ids) to {out}")
     return 0

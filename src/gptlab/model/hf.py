@@ -1,4 +1,5 @@
-"""Hugging Face interop: load GPT-2 and Llama checkpoints into `GPT`, and export `GPT` as a Hugging Face directory.
+"""Hugging Face interop: load GPT-2, Llama and gptlab-format checkpoints into `GPT`, and write `GPT` in the
+formats of transformers' own classes.
 
 A Hugging Face directory is `config.json` plus weights: `model.safetensors`,
 `pytorch_model.bin` (read with `torch.load(weights_only=True)`), or either one
@@ -17,12 +18,16 @@ sharded behind a `*.index.json`. Two families map onto our one model:
       model.layers.N.mlp.{gate,up}_proj             transformer.h.N.mlp.c_fc rows [gate | up]
       model.layers.N.mlp.down_proj                  transformer.h.N.mlp.c_proj
       model.layers.N.{input,post_attention}_layernorm  transformer.h.N.ln_1 / ln_2
+    model_type "gptlab" (custom code, GptlabForCausalLM)  GPT, any switches: our own names, config.json
+                                                          holding ModelConfig's fields
 
 Of the model switches, GPT-2 also takes activation relu2 (transformers' "relu2")
 and untied embeddings; QK-norm goes to Qwen3. Any other switch away from the
 family (rotary or RMSNorm on gpt2, learned positions on llama, a softcap, a
-sliding window, ...) has no Hugging Face class here, and export refuses it
-before writing anything.
+sliding window, ...) has no class in transformers: `export_hf` here refuses it
+before writing anything, and gptlab.export writes it as the "gptlab" format with
+its own modeling code (loaded with trust_remote_code=True). Reading that format
+back needs no code from the folder: it is our own model.
 
 Our embedding and logit tables have `padded_vocab_size` rows; Hugging Face's
 have `vocab_size`. Loading pads with zero rows (never seen: logits are cut to
@@ -30,8 +35,9 @@ vocab_size), exporting cuts them off. Loaded weights take the model's dtype
 (float32); a config we cannot compute exactly raises `GptlabError` instead of
 loading into a model that would quietly differ.
 
-Not here: gptlab's own format (gptlab.model.io), tokenizer files (gptlab.tokenizer),
-downloads: `from_pretrained` reads the local Hugging Face cache and never the network.
+Not here: gptlab's own format (gptlab.model.io), tokenizer files (gptlab.tokenizer), choosing the export
+format and the custom modeling code (gptlab.export), downloads: `from_pretrained` reads the local Hugging
+Face cache and never the network.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
@@ -72,7 +78,8 @@ LLAMA_FUSED = {  # our fused rows, in order
     "attn.c_attn": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "mlp.c_fc": ("mlp.gate_proj", "mlp.up_proj"),
 }
-HF_MODEL_TYPES = ("gpt2", "llama", "qwen3")
+GPTLAB_MODEL_TYPE = "gptlab"  # config.json's model_type for our own modeling code (gptlab.export)
+HF_MODEL_TYPES = ("gpt2", "llama", "qwen3", GPTLAB_MODEL_TYPE)
 
 Tensors = dict[str, torch.Tensor]
 
@@ -200,6 +207,8 @@ def check_exportable(config: ModelConfig) -> None:
            if getattr(config, f"{name}_kind") not in allowed]
     if config.arch == "gpt2" and config.qk_norm:
         bad.append("qk_norm=True")
+    if config.arch == "gpt2" and config.kv_heads != config.n_head:  # GPT-2 has a key/value head per query head
+        bad.append(f"n_kv_head={config.n_kv_head}")
     if config.logit_softcap:
         bad.append(f"logit_softcap={config.logit_softcap}")
     if any(config.layer_windows):
@@ -207,7 +216,30 @@ def check_exportable(config: ModelConfig) -> None:
     if bad:
         verb = "has" if len(bad) == 1 else "have"
         raise GptlabError(f"cannot export this {config.arch} model: {', '.join(bad)} {verb} no Hugging Face equivalent "
-                          f"({target} cannot compute it)")
+                          f"({target} cannot compute it); gptlab.export.export_hf (`gptlab export hf`) writes it with "
+                          f"its own modeling code")
+
+
+def native_architecture(config: ModelConfig) -> str | None:
+    """The transformers class that computes `config` exactly, or None: gptlab.export then writes our own modeling code."""
+    try:
+        check_exportable(config)
+    except GptlabError:
+        return None
+    if config.arch == "gpt2":
+        return "GPT2LMHeadModel"
+    if config.qk_norm:
+        return None if config.bias else "Qwen3ForCausalLM"  # Qwen3's MLP has no biases
+    return "LlamaForCausalLM"
+
+
+def gptlab_config_from_hf(hf: dict) -> ModelConfig:
+    """ModelConfig of a "gptlab" config.json: its ModelConfig fields (transformers' own keys beside them are ignored)."""
+    _check_model_type(hf.get("model_type"), (GPTLAB_MODEL_TYPE,))
+    try:
+        return ModelConfig(**{field.name: hf[field.name] for field in fields(ModelConfig) if field.name in hf})
+    except TypeError as error:
+        raise GptlabError(f"a {GPTLAB_MODEL_TYPE!r} config.json with a field of the wrong type: {error}") from None
 
 
 def gpt2_config_to_hf(config: ModelConfig) -> dict:
@@ -342,6 +374,22 @@ def llama_state_from_hf(model: GPT, hf: Tensors) -> Tensors:
     return state
 
 
+def gptlab_state_to_hf(model: GPT) -> Tensors:
+    """Our weights under our own names for the "gptlab" format: the pad rows cut off, a tied lm_head left out."""
+    config = model.config
+    state: Tensors = {}
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and config.tie_embeddings:
+            continue
+        state[name] = tensor[: config.vocab_size] if name in ("transformer.wte.weight", "lm_head.weight") else tensor
+    return state
+
+
+def gptlab_state_from_hf(model: GPT, hf: Tensors) -> Tensors:
+    return {name: _pad_rows(tensor, model.config.padded_vocab_size) if name in ("transformer.wte.weight", "lm_head.weight")
+            else tensor for name, tensor in hf.items()}
+
+
 def _check_names(hf: Tensors, expected: Tensors, source: str) -> None:
     """Compare in Hugging Face names, so the error names what is (or isn't) in the user's file."""
     missing = sorted(set(expected) - set(hf))
@@ -381,10 +429,17 @@ def load_hf_llama(path: str | os.PathLike, *, device: str | torch.device = "cpu"
     return _load_converted(config, hf, llama_state_to_hf, llama_state_from_hf, f"weights in {path}", device)
 
 
+def load_hf_gptlab(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> GPT:
+    """A folder `gptlab export hf` wrote with custom modeling code (model_type "gptlab") as a GPT; its code is not run."""
+    config = gptlab_config_from_hf(read_hf_config(path))
+    return _load_converted(config, read_hf_weights(path), gptlab_state_to_hf, gptlab_state_from_hf, f"weights in {path}", device)
+
+
 def export_hf(model: GPT, directory: str | os.PathLike, *, eos_token_id: int | None = None) -> Path:
     """Write `directory` (config.json + model.safetensors) so `transformers.AutoModelForCausalLM` loads it.
 
-    gpt2 -> GPT2LMHeadModel; llama -> LlamaForCausalLM, or Qwen3ForCausalLM with qk_norm.
+    gpt2 -> GPT2LMHeadModel; llama -> LlamaForCausalLM, or Qwen3ForCausalLM with qk_norm. Only models a
+    transformers class computes (`native_architecture`); gptlab.export.export_hf writes any model.
     `eos_token_id` (also written as bos, GPT-2's convention) is the tokenizer's business, so it is
     left unset unless given. Weights first, config last: a directory with a config is complete.
     """
@@ -406,7 +461,7 @@ def export_hf(model: GPT, directory: str | os.PathLike, *, eos_token_id: int | N
 
 
 def read_pretrained_config(directory: str | os.PathLike) -> ModelConfig:
-    """The ModelConfig of a model folder (gptlab's own, or Hugging Face gpt2 / llama / qwen3), without the weights."""
+    """The ModelConfig of a model folder (gptlab's own, or Hugging Face gpt2 / llama / qwen3 / gptlab), without the weights."""
     from gptlab.model.io import config_from_dict
 
     data = read_hf_config(directory)
@@ -417,11 +472,13 @@ def read_pretrained_config(directory: str | os.PathLike) -> ModelConfig:
         return gpt2_config_from_hf(data)
     if model_type in ("llama", "qwen3"):
         return llama_config_from_hf(data)
+    if model_type == GPTLAB_MODEL_TYPE:
+        return gptlab_config_from_hf(data)
     raise GptlabError(f"{directory} holds a {model_type!r} model; gptlab reads {', '.join(HF_MODEL_TYPES)} and its own format")
 
 
 def load_pretrained_directory(directory: str | os.PathLike, *, device: str | torch.device = "cpu") -> GPT:
-    """Any model directory we read: gptlab's own (config has "arch"), or Hugging Face gpt2 / llama / qwen3."""
+    """Any model directory we read: gptlab's own (config has "arch"), or Hugging Face gpt2 / llama / qwen3 / gptlab."""
     data = read_hf_config(directory)
     if "arch" in data and "model_type" not in data:
         return load_model(directory, device=device)
@@ -430,6 +487,8 @@ def load_pretrained_directory(directory: str | os.PathLike, *, device: str | tor
         return load_hf_gpt2(directory, device=device)
     if model_type in ("llama", "qwen3"):
         return load_hf_llama(directory, device=device)
+    if model_type == GPTLAB_MODEL_TYPE:
+        return load_hf_gptlab(directory, device=device)
     raise GptlabError(f"{directory} holds a {model_type!r} model; gptlab reads {', '.join(HF_MODEL_TYPES)} and its own format")
 
 
