@@ -373,3 +373,61 @@ def test_grpo_and_dpo_run_on_cuda_in_bf16(chat_model, tmp_path):
                        batch_tokens=8 * 64, micro_batch=8, seq_len=64, max_steps=2, device="cuda", precision="bf16",
                        model=preset("gpt2-tiny"), tasks="none")
     assert run_dpo(config, log=lambda *_: None).status == "finished"
+
+
+GRPO_SMALL = ["--max-steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--micro-batch", "4", "--max-new-tokens", "4",
+              "--eval-examples", "2", "--eval-samples", "2", "--device", "cpu", "--precision", "fp32", "--train-examples", "20"]
+GOOD_REWARD = "def brevity(prompts, completions, **columns):\n    return [1.0 / (1 + len(text)) for text in completions]\n"
+
+
+def grpo_with_reward(chat_model, out, source: str) -> list[str]:
+    """The grpo command line with my_rewards.py (in the working folder) holding `source`."""
+    from pathlib import Path
+
+    Path("my_rewards.py").write_text(source)
+    return ["grpo", "--init", str(chat_model), "--out", str(out), "--reward", "verifier, my_rewards.py:brevity*0.1", *GRPO_SMALL]
+
+
+@pytest.mark.parametrize("source, message", [
+    ("def brevity(prompts, completions, **columns):\n    return [1.0 / len(text) for text in completions]\n",
+     "reward brevity (my_rewards.py:2) raised ZeroDivisionError: float division by zero; fix the function"),
+    ("def brevity(prompts, completions, **columns):\n    return [1.0, 0.0]\n", "reward 'brevity' returned 2 values for 4 completions"),
+    ("def brevity(prompts, completions, **columns):\n    return ['short'] * len(completions)\n", "reward 'brevity' returned 'short'"),
+    ("def brevity(prompts, completions, **columns):\n    return [float('nan')] * len(completions)\n", "reward 'brevity' returned nan"),
+])
+def test_grpo_refuses_a_broken_reward_before_claiming_the_folder_and_runs_once_it_is_fixed(chat_model, tmp_path, monkeypatch,
+                                                                                          capsys, source, message):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    assert main(grpo_with_reward(chat_model, out, source)) == 1
+    printed = capsys.readouterr()
+    assert message in printed.err and "checked before training" in printed.err
+    assert printed.err.count("\n") == 1 and "Traceback" not in printed.err and "before:" not in printed.out
+    assert not out.exists()
+    assert main(grpo_with_reward(chat_model, out, GOOD_REWARD)) == 0
+    assert (out / "checkpoints/step_000001").is_dir()
+
+
+def test_grpo_run_that_fails_before_its_first_step_leaves_nothing_to_block_the_fixed_rerun(chat_model, tmp_path,
+                                                                                                 monkeypatch, capsys):
+    """A reward that passes the check but fails on the first real rollout: the new run's folder is removed."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    later = ("calls = []\n\ndef brevity(prompts, completions, **columns):\n    calls.append(1)\n"
+             "    if len(calls) > 1:\n        raise RuntimeError('only the check passes')\n    return [0.0] * len(completions)\n")
+    assert main(grpo_with_reward(chat_model, out, later)) == 1
+    err = capsys.readouterr().err
+    assert "reward brevity (my_rewards.py:6) raised RuntimeError: only the check passes" in err and err.count("\n") == 1
+    assert not out.exists()
+    assert main(grpo_with_reward(chat_model, out, GOOD_REWARD)) == 0  # not refused as "other settings"
+
+
+def test_grpo_run_that_trained_a_step_keeps_its_folder_when_a_reward_fails_later(chat_model, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    third = ("calls = []\n\ndef brevity(prompts, completions, **columns):\n    calls.append(1)\n"
+             "    if len(calls) > 2:\n        raise RuntimeError('the second rollout')\n    return [0.0] * len(completions)\n")
+    args = grpo_with_reward(chat_model, out, third)
+    assert main([*args, "--max-steps", "2", "--checkpoint-every", "0", "--log-every", "1"]) == 1
+    assert "raised RuntimeError: the second rollout" in capsys.readouterr().err
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1]  # its step, kept

@@ -128,3 +128,16 @@ def test_pair_loader_resumes_exactly_and_ranks_share_no_pair(chat):
                                                   rank=rank, world_size=2) for i in kwargs["pair_index"].tolist()]
               for rank in (0, 1)]
     assert not set(served[0]) & set(served[1]) and sorted(served[0] + served[1]) == list(range(30))
+
+
+def test_pairs_with_no_valid_row_are_refused_naming_the_first_reasons(tmp_path):
+    path = tmp_path / "prefs.jsonl"
+    rows = [{"prompt": "q", "chosen": "a"}, {"prompt": "q", "chosen": "a", "rejected": "a"},
+            {"prompt": "q", "chosen": "", "rejected": "b"}, {"prompt": "q", "chosen": "a"}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(GptlabError) as raised:
+        load_pairs(MixtureConfig.from_spec(str(path), val_fraction=0.25))
+    message = str(raised.value)
+    assert message.startswith("the mixture holds no pairs: no valid row in") and "conversations" not in message
+    assert f'{path}:1: no "rejected" field' in message and f"{path}:2: chosen and rejected are the same reply" in message
+    assert f"{path}:3: chosen is empty" in message and f"{path}:4:" not in message and "and 1 more" in message

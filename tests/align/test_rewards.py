@@ -212,3 +212,26 @@ def test_rewards_file_loaded_twice_gives_independent_modules(tmp_path):
     """))
     first, second = load_reward(f"{path}:count"), load_reward(f"{path}:count")
     assert first(prompts=[], completions=["a"]) == [1.0] and second(prompts=[], completions=["a"]) == [1.0]
+
+
+def test_rewards_a_function_that_raises_is_named_with_the_file_and_line_it_raised_at(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_rewards.py").write_text("def per_char(text):\n    return 1 / len(text)\n\n\n"
+                                            "def brevity(prompts, completions, **columns):\n"
+                                            "    return [per_char(text) for text in completions]\n")
+    rewards = Rewards.from_spec("verifier, my_rewards.py:brevity*0.1", task=TASK)
+    with pytest.raises(GptlabError) as raised:
+        rewards.score(PROMPTS, COMPLETIONS, **example_columns(EXAMPLES))  # the last completion is empty
+    message = str(raised.value)
+    assert message == "reward brevity (my_rewards.py:2) raised ZeroDivisionError: division by zero; fix the function"
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__  # no traceback chained to it
+
+
+def test_rewards_gptlabs_own_verifier_raises_its_errors_unchanged():
+    """A failing built-in reward is gptlab's bug, not the user's: its traceback is kept whole."""
+    class Broken(Arithmetic):
+        def reward(self, example, completion):
+            raise KeyError("bug")
+
+    with pytest.raises(KeyError, match="bug"):
+        Rewards.from_spec("verifier", task=Broken()).score(PROMPTS, COMPLETIONS, **example_columns(EXAMPLES))

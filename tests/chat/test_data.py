@@ -215,3 +215,28 @@ def test_mixture_refuses_a_source_with_no_valid_conversations(tmp_path):
     write_jsonl(path, ["{bad"])
     with pytest.raises(GptlabError, match="holds no conversations"):
         Mixture.load(MixtureConfig.from_spec(str(path)))
+
+
+def test_mixture_with_no_valid_rows_names_the_first_reasons_by_file_and_line(tmp_path):
+    path = tmp_path / "chats.jsonl"
+    roles = [{"messages": [{"role": "bot", "content": f"hi {i}"}, {"role": "assistant", "content": "ok"}]} for i in range(5)]
+    write_jsonl(path, roles)
+    with pytest.raises(GptlabError) as raised:
+        Mixture.load(MixtureConfig.from_spec(str(path)))
+    message = str(raised.value)
+    assert message.startswith("the mixture holds no conversations: no valid row in") and "\n" not in message
+    assert [f"{path}:{line}:" in message for line in range(1, 6)] == [True, True, True, False, False]  # the first 3
+    assert "'bot'" in message and "and 2 more" in message
+
+
+@pytest.mark.parametrize("content, reason", [
+    (b"", "no rows (an empty file?)"),
+    ('{"messages": []}\n'.encode("utf-16"), "UTF-16 text (NUL bytes); save the file as UTF-8"),
+    (b'{"messages": [{"role": "user", "content": "caf\xe9"}]}\n', "not UTF-8 text; save the file as UTF-8"),
+])
+def test_mixture_with_no_valid_rows_says_why_for_empty_and_wrongly_encoded_files(tmp_path, content, reason):
+    path = tmp_path / "chats.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(GptlabError, match="the mixture holds no conversations") as raised:
+        Mixture.load(MixtureConfig.from_spec(str(path)))
+    assert reason in str(raised.value) and "\n" not in str(raised.value)

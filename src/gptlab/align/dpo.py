@@ -22,10 +22,11 @@ scores each batch with it (more memory and compute, the same numbers up to float
 
 A step's loss is the mean over its pairs (batch_tokens / seq_len pairs per step). Logged per step:
 chosen_reward, rejected_reward, reward_margin and reward_accuracy (the share of pairs whose chosen
-reward is higher); per evaluation, val_loss, val_margin and val_accuracy on every held-out pair.
-Before and after training: the preference accuracy of the model itself (the share of held-out
-pairs whose chosen reply it finds likelier), the mean log-prob margin, and, for task: data, task
-accuracy by greedy generation (gptlab.eval.chat).
+reward is higher); per evaluation (eval_every), val_loss, val_margin and val_accuracy on each rank's
+first eval_batches micro-batches of held-out pairs (as gptlab sft's val loss). Before and after
+training, on every held-out pair: the preference accuracy of the model itself (the share of pairs
+whose chosen reply it finds likelier), the mean log-prob margin; and, for task: data, task accuracy
+by greedy generation (gptlab.eval.chat), also every task_every steps.
 
 Not here: reading and batching pairs (gptlab.align.pairs), the loop (gptlab.train.trainer).
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import itertools
 import json
 import math
 from collections.abc import Callable
@@ -47,7 +49,7 @@ import torch.nn.functional as F
 from gptlab.align.logprobs import token_logprobs
 from gptlab.align.pairs import IGNORE, PairLoader, PairLoaderConfig, load_pairs, pair_rows, render_pairs
 from gptlab.align.sft import chat_sampler, mixture_tasks
-from gptlab.align.start import resolve_start
+from gptlab.align.start import refuse_fsdp, resolve_start
 from gptlab.chat.data import MixtureConfig
 from gptlab.model import GPT
 from gptlab.runtime import GptlabError
@@ -100,6 +102,7 @@ class DPOConfig(TrainConfig):
     on_error: str = "skip"  # malformed pairs: skip (counted, reported) | refuse (stop at the first)
     tasks: str = "auto"  # built-in tasks whose accuracy is measured before and after (auto: the data's task: parts; none)
     task_examples: int = 100  # held-out examples per task and evaluation
+    task_every: int = 0  # steps between task accuracy evaluations (0: only before and after), as in gptlab sft
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -115,8 +118,8 @@ class DPOConfig(TrainConfig):
             raise GptlabError(f"sft_weight must be 0 or more, got {self.sft_weight}")
         if self.reference not in REFERENCES:
             raise GptlabError(f"unknown reference {self.reference!r}; use one of {', '.join(REFERENCES)}")
-        if self.task_examples < 1:
-            raise GptlabError(f"task_examples must be at least 1, got {self.task_examples}")
+        if self.task_every < 0 or self.task_examples < 1:
+            raise GptlabError(f"task_every must be 0 or more and task_examples at least 1, got {self.task_every}, {self.task_examples}")
 
     def eval_tasks(self) -> list:
         """The tasks whose accuracy is measured: the data's task: parts (auto), those named, or none."""
@@ -183,6 +186,7 @@ class DPOTrainer(Trainer):
     fsdp_ok = False  # the reference model is a copy of the policy, made after it is wrapped
 
     def _check_before_compute(self, config: DPOConfig) -> DPOConfig:
+        refuse_fsdp(config.parallel, self.command, "its reference model is a copy of the policy's whole weights")
         if not config.data:
             raise GptlabError("no preference pairs: pass --data SOURCES, e.g. prefs.jsonl or task:arithmetic[n=2000]")
         self.start = resolve_start(config.init_from, config.tokenizer, dropout=config.model.dropout)
@@ -217,6 +221,9 @@ class DPOTrainer(Trainer):
 
     def _token_bytes(self) -> torch.Tensor | None:
         return None
+
+    def _task_every(self) -> int:
+        return self.config.task_every
 
     def _build(self) -> None:
         """The Trainer's build, then the reference: the model is still the init model here (restore comes after)."""
@@ -295,13 +302,14 @@ class DPOTrainer(Trainer):
                 "reward_margin": (chosen - rejected) / pairs, "reward_accuracy": correct / pairs}
 
     @torch.no_grad()
-    def held_out(self, model: GPT, *, reference: bool = True) -> dict[str, float]:
-        """Figures on every held-out pair: the model's preference accuracy (log π(chosen) > log π(rejected)) and
-        mean log-prob margin, and with the reference, DPO's loss, reward margin and reward accuracy."""
+    def held_out(self, model: GPT, *, reference: bool = True, batches: int | None = None) -> dict[str, float]:
+        """Figures on the held-out pairs (every one, or each rank's first `batches` micro-batches: eval_batches, as
+        gptlab sft's val loss): the model's preference accuracy (log π(chosen) > log π(rejected)) and mean log-prob
+        margin, and with the reference, DPO's loss, reward margin and reward accuracy."""
         was_training = model.training
         model.eval()
         totals = torch.zeros(6, dtype=torch.float64)  # pairs, preferred, log-prob margin, loss, reward margin, accuracy
-        for x, y, kwargs in self._loader("val"):
+        for x, y, kwargs in itertools.islice(self._loader("val"), batches):
             B = len(kwargs["pair_index"])
             if reference:
                 losses, chosen, rejected, sums = self._pair_losses(model, "val", x, y, kwargs)
@@ -321,7 +329,7 @@ class DPOTrainer(Trainer):
     def _evaluate(self) -> None:
         if not self.has_val:
             return
-        figures, state = self.held_out(self.model), self.state
+        figures, state = self.held_out(self.model, batches=self.config.eval_batches), self.state
         state.val = {"bpb": None, **figures}
         state.best_val = figures["loss"] if state.best_val is None else min(state.best_val, figures["loss"])
         self.metrics.log({"step": state.step, "val_loss": figures["loss"], "val_margin": figures["reward_margin"],
@@ -352,6 +360,7 @@ def run_dpo(config: DPOConfig, *, runtime=None, log: Callable[[str], None] = pri
     trainer = DPOTrainer(config, runtime=runtime, log=log, resume=resume, force=force,
                          sample_fn=chat_sampler(chosen[0].examples("test", 1)[0].question) if chosen else None)
     tasks = task_accuracy_fn(trainer.chat, chosen, config.task_examples) if chosen else None
+    trainer.task_fn = tasks  # every task_every steps too
     def measure_start() -> dict[str, float]:
         init, figures = trainer.start.model(trainer.runtime.device), {}
         if trainer.has_val:

@@ -23,6 +23,11 @@ One optimizer step, for P prompts of the task's train split:
     kl_beta > 0 adds β·KL(π || π_ref) per token (the k3 estimator, as DeepSeekMath and TRL), against a
     frozen copy of the starting model; off by default, as in TRL.
 
+Reward functions are called once before the run folder is claimed, on a rollout's shape of stand-in
+completions (right replies, empty ones, wrong ones), so one that raises or returns the wrong count, text
+or NaN is refused before any compute. A new run that fails before its first step is removed, so
+the corrected command starts afresh; --parallel.fsdp is refused (each rank's rollout differs in length).
+
 A group whose samples all get the same reward has advantage 0 and teaches
 nothing: the fraction of such groups is logged, with a warning as it nears 1.
 Held-out accuracy (greedy), pass@1 and pass@k (k samples each) on the task's
@@ -55,15 +60,16 @@ import torch
 from gptlab.align.logprobs import IGNORE, token_logprobs
 from gptlab.align.rewards import Rewards, example_columns
 from gptlab.align.rollout import pad_rows, rollout
+from gptlab.align.start import find_init, refuse_fsdp
 from gptlab.chat import CHAT_TOKENS, ChatFormat
 from gptlab.chat.data import load_task, parse_mixture
 from gptlab.data.match import find_model_tokenizer
 from gptlab.infer.generate import SamplingConfig
 from gptlab.model import GPT
-from gptlab.model.hf import load_pretrained_directory, pretrained_path, read_pretrained_config
+from gptlab.model.hf import load_pretrained_directory, read_pretrained_config
 from gptlab.runtime import GptlabError, atomic_write_text
 from gptlab.runtime.device import resolve_precision
-from gptlab.train.checkpoint import find_checkpoint
+from gptlab.train.checkpoint import list_checkpoints
 from gptlab.train.config import TrainConfig
 from gptlab.train.optim import OptimizerConfig
 from gptlab.train.schedule import ScheduleConfig
@@ -387,9 +393,10 @@ class GRPOTrainer(Trainer):
     fsdp_ok = False  # each rank samples rollouts of its own length: sharded forwards would not pair up
 
     def _check_before_compute(self, config: GRPOConfig) -> GRPOConfig:
+        refuse_fsdp(config.parallel, self.command, "each rank samples rollouts of its own length, so sharded forwards would not pair up")
         if not config.init_from:
             raise GptlabError("GRPO starts from a chat model: pass --init CHECKPOINT (e.g. the output of gptlab sft)")
-        self.init_path = find_checkpoint(config.init_from) or pretrained_path(config.init_from)
+        self.init_path = find_init(config.init_from)
         self.tokenizer = find_model_tokenizer(self.init_path)
         if self.tokenizer is None or not all(token in self.tokenizer.special_tokens for token in CHAT_TOKENS):
             raise GptlabError(f"{config.init_from} is not a chat model (its tokenizer lacks the chat tokens): "
@@ -404,6 +411,7 @@ class GRPOTrainer(Trainer):
         self.task = load_grpo_task(config.task)
         self.score = make_scorer(config.reward, self.task)
         self.pool = self._prompt_pool(config)
+        self._probe_rewards(config)
         self.sampling = SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                                        top_k=config.top_k or None, stop_tokens=self.chat.stop_tokens,
                                        vocab_size=self.tokenizer.vocab_size)
@@ -411,6 +419,41 @@ class GRPOTrainer(Trainer):
         self.accum = config.accumulation_steps(self.runtime.world_size)
         self.precision = resolve_precision(config.precision, self.runtime.device)
         return self._shorten_warmup(config)
+
+    def _probe_rewards(self, config: GRPOConfig) -> None:
+        """Score one rollout-shaped batch before the run folder is claimed, so a reward function that raises, or
+        returns the wrong count, text or NaN, is refused before any compute and leaves nothing behind. The
+        completions stand in for samples: each group gets its prompt's right reply, an empty reply (a model
+        can stop at once) and another prompt's reply."""
+        per_rank = config.prompts_per_step // self.runtime.world_size
+        examples = [self.pool[index % len(self.pool)] for index in range(per_rank)]
+        repeated = [example for example in examples for _ in range(config.group_size)]
+        texts = [(example.reply, "", examples[(number + 1) % len(examples)].reply)[sample % 3]
+                 for number, example in enumerate(examples) for sample in range(config.group_size)]
+        try:
+            self.score(repeated, texts)
+        except GptlabError as error:
+            raise GptlabError(f"{error} (checked before training, on {len(texts)} stand-in completions: "
+                              "right replies, empty ones and wrong ones)") from None
+
+    def fit(self) -> TrainResult:
+        """The Trainer's; and a new run that fails before its first step ends (a reward function that fails only on
+        real samples) is removed, so rerunning with the fix starts afresh instead of being refused as other settings.
+        A run that trained a step keeps its folder: its metrics say what happened."""
+        try:
+            return super().fit()
+        except GptlabError:
+            self._forget_untrained_run()
+            raise
+
+    def _forget_untrained_run(self) -> None:
+        folder = getattr(self, "folder", None)
+        state = getattr(self, "state", None)
+        if folder is None or folder.status != "new" or (state is not None and state.step > 0) or list_checkpoints(folder.path):
+            return
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()  # its files are about to go
+        folder.undo()
 
     def _check_batch(self, config: GRPOConfig) -> None:
         world = self.runtime.world_size

@@ -46,6 +46,7 @@ import inspect
 import math
 import numbers
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,7 +208,7 @@ class Rewards:
         values, means = {}, {}
         for reward in self.rewards:
             _check_signature(reward, columns)
-            returned = reward.function(prompts=list(prompts), completions=list(completions), **columns)
+            returned = _call(reward, list(prompts), list(completions), columns)
             checked = _check_values(reward, returned, len(completions))
             for index, value in enumerate(checked):
                 if value is not None:
@@ -269,6 +270,40 @@ def _check_signature(reward: Reward, columns: dict) -> None:
             f"reward {reward.name!r} cannot be called with prompts, completions and the columns {', '.join(columns) or '(none)'} "
             f"({error}); define it as def {reward.name}(prompts, completions, **columns)"
         ) from None
+
+
+def _call(reward: Reward, prompts: list, completions: list, columns: dict) -> object:
+    """The function's return value; an exception in a user's function becomes one line naming it and where it raised
+    (`reward brevity (my_rewards.py:12) raised ZeroDivisionError: division by zero`), not a traceback into gptlab.
+    gptlab's own rewards (the verifier) raise as they are: their failure is a bug to see in full."""
+    try:
+        return reward.function(prompts=prompts, completions=completions, **columns)
+    except GptlabError:
+        raise
+    except Exception as error:
+        if getattr(reward.function, "__module__", None) == __name__:
+            raise
+        raise GptlabError(f"reward {reward.name} ({_where_raised(reward.function, error)}) raised "
+                          f"{type(error).__name__}: {_first_line(error)}; fix the function") from None
+
+
+def _where_raised(function: Callable, error: Exception) -> str:
+    """file:line of the deepest frame in the function's own file (where the user's code raised), else of its definition."""
+    code = getattr(inspect.unwrap(function), "__code__", None)
+    home = code.co_filename if code is not None else None
+    frames = traceback.extract_tb(error.__traceback__)
+    inside = [frame for frame in frames if frame.filename == home] or frames[1:]
+    if inside:
+        return f"{_short_path(inside[-1].filename)}:{inside[-1].lineno}"
+    return f"{_short_path(home)}:{code.co_firstlineno}" if code is not None else "its file unknown"
+
+
+def _short_path(filename: str) -> str:
+    """The path relative to the working folder when it is under it (as the user typed it), else as it is."""
+    try:
+        return str(Path(filename).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return filename
 
 
 def _check_values(reward: Reward, returned: object, count: int) -> list[float | None]:

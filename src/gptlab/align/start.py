@@ -43,11 +43,32 @@ class Start:
         return grow_vocab(base, self.model_config.vocab_size, new_from=self.base_vocab).to(device)
 
 
+def refuse_fsdp(parallel, command: str, why: str) -> None:
+    """--parallel.fsdp where a loop cannot shard: refused before any compute, on one process as under torchrun,
+    so the mistake costs nothing and leaves no run folder."""
+    if parallel.fsdp:
+        raise GptlabError(f"gptlab {command} does not support --parallel.fsdp ({why}); drop it, or pass "
+                          "--parallel.shard-optimizer zero1 to shard the optimizer state")
+
+
+def find_init(init_from: str) -> Path:
+    """The folder of the model --init names (a run, checkpoint or model folder). A prepared data folder, an easy slip
+    beside the model that was trained on it, is named as what it is rather than asked for a config.json."""
+    checkpoint = find_checkpoint(init_from)
+    if checkpoint is not None:
+        return checkpoint
+    path = Path(init_from).expanduser()
+    if path.is_dir() and (path / "manifest.json").is_file() and not (path / "config.json").is_file():
+        raise GptlabError(f"--init {init_from} is a prepared data folder (manifest.json), not a model; pass a model folder "
+                          "or run folder to --init (e.g. runs/NAME, one of its checkpoints, or an exported model)")
+    return pretrained_path(init_from)
+
+
 def resolve_start(init_from: str, tokenizer: str = "", *, dropout: float = 0.0) -> Start:
     """The Start for --init (a run, checkpoint or model folder) and an optional --tokenizer; one-line errors."""
     if not init_from:
         raise GptlabError("fine-tuning starts from a model: pass --init CHECKPOINT (a run, checkpoint or model folder)")
-    init_path = find_checkpoint(init_from) or pretrained_path(init_from)
+    init_path = find_init(init_from)
     saved = find_model_tokenizer(init_path)
     base = load_tokenizer(tokenizer) if tokenizer else saved
     if saved is not None and base.fingerprint() not in (saved.fingerprint(), add_chat_tokens(saved).fingerprint()):

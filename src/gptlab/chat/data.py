@@ -54,6 +54,7 @@ from gptlab.runtime import GptlabError
 
 ON_ERROR = ("skip", "refuse")
 SHOWN_PROBLEMS = 5  # malformed conversations a report lists; the rest are only counted
+SHOWN_REASONS = 3  # reasons an error for a mixture with no valid rows quotes; the rest are counted
 OPTIONS = ("n", "split", "column")
 _PART = re.compile(r"^(?P<source>[^\[\]@]+?)\s*(\[(?P<options>[^\]]*)\])?\s*(@(?P<epochs>[^@\[\]]+))?$")
 
@@ -297,10 +298,13 @@ def jsonl_records(path: Path) -> Iterator[tuple[str, object, str | None]]:
             where = f"{path}:{number}"
             if number == 1 and line.startswith(b"\xef\xbb\xbf"):
                 line = line[3:]  # a UTF-8 byte-order mark from a Windows editor
+            if number == 1 and line.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in line:
+                yield where, None, "UTF-16 text (NUL bytes); save the file as UTF-8"
+                continue
             try:
                 yield where, json.loads(line.decode("utf-8")), None
             except UnicodeDecodeError:
-                yield where, None, "not UTF-8 text"
+                yield where, None, "not UTF-8 text; save the file as UTF-8"
             except json.JSONDecodeError as error:
                 yield where, None, f"not valid JSON ({error.msg})"
 
@@ -382,8 +386,7 @@ class Mixture:
         self.seed = seed
         self.reports = list(reports)
         if len(self) == 0:
-            names = ", ".join(part.name for part in self.parts) or "no parts"
-            raise GptlabError(f"the mixture holds no conversations ({names}); check the sources and the report of skipped rows")
+            raise GptlabError(_why_empty(self.parts, self.reports))
         self._orders: dict[int, np.ndarray] = {}
 
     @classmethod
@@ -441,6 +444,27 @@ class Mixture:
     def summary(self) -> str:
         """A line per source for the CLI: conversations kept, held out and skipped."""
         return "\n".join(report.summary() for report in self.reports)
+
+
+def _why_empty(parts: Sequence[Part], reports: Sequence[SourceReport]) -> str:
+    """One line for a mixture with nothing to train on: the first reasons, by file:line, and how many more.
+
+    "the mixture holds no pairs: no valid row in a.jsonl (3 read): a.jsonl:1: chosen and rejected are the same
+    reply; a.jsonl:2: no "rejected" field ...; and 1 more; fix the rows or name other sources"
+    """
+    unit = reports[0].unit if reports else "conversations"
+    names = ", ".join(part.name for part in parts) or "no sources"
+    head = f"the mixture holds no {unit}"
+    if not reports or any(report.kept for report in reports):  # rows were kept: too few for the split or the epochs
+        return f"{head} ({names}); check the sources, their n= and @epochs, and val_fraction"
+    reasons = [f"{report.source}: no rows (an empty file?)" for report in reports if not report.read]
+    reasons += [problem for report in reports for problem in report.problems]
+    hidden = sum(report.skipped - len(report.problems) for report in reports)
+    shown = reasons[:SHOWN_REASONS]
+    more = len(reasons) - len(shown) + hidden
+    read = sum(report.read for report in reports)
+    return (f"{head}: no valid row in {names} ({read:,} read): " + "; ".join(shown)
+            + (f"; and {more:,} more" if more else "") + "; fix the rows (each is named by file:line) or name other sources")
 
 
 def _read_split(part: PartConfig, config: MixtureConfig) -> tuple[list[Conversation], list[Conversation], SourceReport]:

@@ -17,7 +17,7 @@ import argparse
 from gptlab.cli.sft import IGNORED as SFT_IGNORED
 
 DEFAULT_PRESET = "dpo-cpu"
-IGNORED = (*SFT_IGNORED, "eval_batches")  # every held-out pair is scored at each evaluation
+IGNORED = SFT_IGNORED  # the same flags as gptlab sft's (eval_batches: held-out pair batches per evaluation)
 
 
 def register(stages) -> None:

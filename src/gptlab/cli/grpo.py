@@ -17,6 +17,14 @@ DEFAULT_PRESET = "grpo-cpu"
 # set by --init or by the prompts, or meaningless without a val split: left out of --help and refused
 IGNORED = ("init_from", "model", "data", "tokenizer", "batch_tokens", "loader_mode", "eval_every", "eval_batches",
            "hellaswag_every", "hellaswag_path", "hellaswag_limit")
+# why, for the flags gptlab sft and dpo take that grpo does not: each names what to pass instead
+REASONS = {
+    "init_from": "the model is the one --init names", "model": "the model is the one --init names",
+    "data": "GRPO's prompts come from --task", "tokenizer": "GRPO uses the tokenizer saved with the --init chat model",
+    "batch_tokens": "GRPO does not use it (a step is --prompts-per-step x --group-size completions)",
+    "eval_every": "GRPO has no val loss (no val split); --task-every sets the steps between held-out task evaluations",
+    "eval_batches": "GRPO has no val loss (no val split); --eval-examples sets the held-out prompts per evaluation",
+}
 
 
 def register(stages) -> None:
@@ -34,17 +42,15 @@ def register(stages) -> None:
 
 def resolve_config(args: argparse.Namespace):
     from gptlab.align.grpo import GRPO_PRESETS
-    from gptlab.cli.common import model_path
+    from gptlab.align.start import find_init
     from gptlab.runtime import GptlabError
     from gptlab.runtime.config import apply_overrides, parse_overrides
 
-    model_path(args.init)  # a missing --init is named before anything else
+    find_init(args.init)  # a missing --init is named before anything else
     for key, _ in parse_overrides(args.overrides):
         if key.startswith("model.") and key != "model.dropout":
             raise GptlabError(f"--{key.replace('_', '-')}: the model is the one --init names; drop it")
-    unused = {key: "GRPO does not use it" for key in IGNORED if key not in ("init_from", "model")}
-    for key in ("init_from", "model"):
-        unused[key] = "the model is the one --init names"
+    unused = {key: REASONS.get(key, "GRPO does not use it") for key in IGNORED}
     return apply_overrides(GRPO_PRESETS[args.preset](), args.overrides, defaults={"init_from": args.init}, fixed=unused)
 
 

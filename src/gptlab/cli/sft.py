@@ -35,7 +35,7 @@ def resolve_config(args: argparse.Namespace, presets: dict | None = None, ignore
     """The preset with the overrides; seq_len shortened to the base model's context when the preset's is longer.
     `presets` and `ignored` (fields refused): SFT's by default (gptlab dpo passes its own)."""
     from gptlab.align.sft import SFT_PRESETS
-    from gptlab.cli.common import model_path
+    from gptlab.align.start import find_init
     from gptlab.model.hf import read_pretrained_config
     from gptlab.runtime import GptlabError
     from gptlab.runtime.config import apply_overrides, parse_overrides
@@ -45,7 +45,7 @@ def resolve_config(args: argparse.Namespace, presets: dict | None = None, ignore
         if key == "init_from" or (key.startswith("model.") and key != "model.dropout"):
             raise GptlabError(f"--{key.replace('_', '-')}: the model is the one --init names; drop it")
     base = (presets or SFT_PRESETS)[args.preset]()
-    init = read_pretrained_config(model_path(args.init))
+    init = read_pretrained_config(find_init(args.init))
     defaults = {"init_from": args.init, **{f"model.{key}": value for key, value in dataclasses.asdict(init).items()}}
     if "seq_len" not in given and base.seq_len > init.block_size:
         defaults["seq_len"] = init.block_size
