@@ -67,16 +67,28 @@ def test_measure_training_refuses_what_it_cannot_measure():
         measure_training(config, batch_size=1, seq_len=64, precision="fp32", device=CPU)
 
 
+MEASURE_ARGV = ["model", "info", "--preset", "gpt2-tiny", "--measure", "--device", "cpu", "--steps", "1", "--batch-size", "2",
+                "--seq-len", "32"]
+
+
 def test_cli_model_info_measure_prints_the_measured_figures_beside_the_datasheet_line(capsys):
-    argv = ["model", "info", "--preset", "gpt2-tiny", "--measure", "--device", "cpu", "--steps", "1", "--batch-size", "2",
-            "--seq-len", "32"]
-    assert main(argv) == 0
+    assert main([*MEASURE_ARGV, "--precision", "fp32"]) == 0  # asked for: auto differs between CPUs (test below)
     out = capsys.readouterr().out
     assert "throughput  datasheet arithmetic, h100 peak 989 TFLOP/s" in out
     assert "measured    cpu, fp32, batch 2 x 32: " in out and "1 steps after 2 warm-up" in out
     assert "this device's peak" in out and "(fp32 1024 x 1024 matmuls): MFU " in out
     assert "GiB measured (peak live tensor bytes)" in out and "estimate / measured" in out
     assert "fp32 activations" in out  # the table follows the measured precision
+
+
+@pytest.mark.parametrize(("native_bf16", "expected"), [(True, "bf16"), (False, "fp32")])
+def test_cli_model_info_measure_auto_takes_what_training_picks_on_this_cpu(native_bf16, expected, monkeypatch, capsys):
+    import gptlab.runtime.device as device
+
+    monkeypatch.setattr(device, "cpu_has_fast_bf16", lambda: native_bf16)  # both kinds of CPU, on any host
+    assert main(MEASURE_ARGV) == 0
+    out = capsys.readouterr().out
+    assert f"measured    cpu, {expected}, batch 2 x 32: " in out and f"{expected} activations" in out
 
 
 @pytest.mark.parametrize(("extra", "message"), [(["--warmup", "1"], "--warmup must be at least 2"),

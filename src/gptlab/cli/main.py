@@ -14,6 +14,10 @@ import difflib
 import sys
 
 from gptlab.runtime import GptlabError
+from gptlab.runtime.threads import parse_threads, prepare_wait_policy, set_threads
+
+# Commands that compute with torch take --threads; the data and tokenizer commands size their worker processes with --workers.
+THREADED = ("model", "train", "profile", "sweep", "fit", "sft", "dpo", "grpo", "run", "sample", "chat", "serve", "eval", "export")
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -37,7 +41,27 @@ def build_parser() -> ArgumentParser:
     stages = parser.add_subparsers(dest="stage", metavar="STAGE", required=True, parser_class=ArgumentParser)
     for module in (tokenizer, data, model, train, profile, sweep, fit, sft, dpo, grpo, run, runs, sample, chat, serve, eval_cli, export):
         module.register(stages)
+    for name in THREADED:
+        add_threads_argument(stages.choices[name])
     return parser
+
+
+def _threads(text: str) -> str | int:
+    try:
+        return parse_threads(text)
+    except GptlabError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """--threads on a command and every subcommand under it (gptlab.runtime.threads: why, and what auto does)."""
+    subcommands = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    for action in subcommands:
+        for sub in action.choices.values():
+            add_threads_argument(sub)
+    if not subcommands:
+        parser.add_argument("--threads", type=_threads, default="auto", metavar="N|auto",
+                            help="CPU threads for torch (default auto: the cores that other work leaves free, sampled at start)")
 
 
 def hyphenate(argv: list[str]) -> list[str]:
@@ -71,6 +95,7 @@ def _unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    prepare_wait_policy()  # before torch loads: libgomp reads it once
     try:
         parser = build_parser()  # imports torch and every stage: seconds in which a Ctrl-C is likely
     except KeyboardInterrupt:
@@ -81,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(_unrecognized(parser, extra))
     args.overrides = extra
     try:
+        if hasattr(args, "threads"):
+            set_threads(args.threads)
         return args.handler(args) or 0
     except GptlabError as error:
         print(f"gptlab: error: {error}", file=sys.stderr)
