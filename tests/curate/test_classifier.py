@@ -21,6 +21,7 @@ from gptlab.curate.classifier import (
     feature_row,
     fit_logistic_regression,
     hashed_features,
+    held_out_accuracy,
     logistic_loss,
     pareto_keep,
     train_quality_classifier,
@@ -195,6 +196,24 @@ def test_load_explains_a_missing_or_foreign_file(tmp_path):
 def test_training_needs_both_classes():
     with pytest.raises(GptlabError, match="got 2 positive and 0 negative"):
         train_quality_classifier(["a b", "c d"], [])
+
+
+@pytest.mark.parametrize("negatives", [["a b", "c d"], ["a b", "c d", "e f"], ["a b"]])
+def test_training_refuses_classes_that_one_holds_the_other(negatives):
+    with pytest.raises(GptlabError, match=r"also a (negative|positive) one \(\d texts in both\): a classifier cannot tell"):
+        train_quality_classifier(["a b", "c d"], negatives)
+
+
+def test_held_out_accuracy_separates_real_classes_and_finds_a_coin_at_chance():
+    """Spam against prose is learned; prose against other prose is not, and reads as chance."""
+    positives, negatives = dataset(seed=4, size=60)
+    learned = held_out_accuracy(positives, negatives)
+    assert learned["held_out_examples"] == 24 and learned["held_out_accuracy"] > learned["chance_bound"]
+    assert learned["chance_bound"] == pytest.approx(0.5 + 2 * 0.25 * (2 / 12) ** 0.5)
+    more_prose = dataset(seed=5, size=60)[0]
+    coin = held_out_accuracy(positives, more_prose)
+    assert coin["held_out_accuracy"] < coin["chance_bound"]
+    assert held_out_accuracy(positives[:20], negatives[:20]) is None  # 4 per class held out: too few to judge
 
 
 # The filter and GPT-3's Pareto rule.

@@ -31,7 +31,8 @@ def test_mask_emails_leaves_addresses_without_a_dotted_domain(text):
     assert mask_emails(text) == (text, 0)
 
 
-@pytest.mark.parametrize("phone", ["(555) 123-4567", "(555)123-4567", "555-123-4567", "555.123.4567", "555 123 4567",
+@pytest.mark.parametrize("phone", ["(283)-182-3829", "(283).182.3829", "(283) 182.3829", "(555) 123-4567", "(555)123-4567",
+                                   "555-123-4567", "555.123.4567", "555 123 4567",
                                    "+1 555 123 4567", "+1-555-123-4567", "+15551234567", "1 (555) 123-4567",
                                    "5551234567"])
 def test_mask_phone_numbers_replaces_each_us_format(phone):
@@ -40,7 +41,8 @@ def test_mask_phone_numbers_replaces_each_us_format(phone):
 
 @pytest.mark.parametrize("text", ["on 2024-01-15", "zip 12345-6789", "ssn 123-45-6789", "card 4111 1111 1111 1111",
                                   "$1,234.56", "555-1234", "555-123-45678", "id x5551234567", "time 1700000000",
-                                  "1234567890", "192.168.100.200", "version 2.3.4"])
+                                  "1234567890", "192.168.100.200", "version 2.3.4", "(555)-1234", "(123)-456-7890",
+                                  "(555)--123-4567", "(283)-182-38291"])
 def test_mask_phone_numbers_leaves_look_alikes(text):
     assert mask_phone_numbers(text) == (text, 0)
 

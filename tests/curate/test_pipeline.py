@@ -111,6 +111,13 @@ def test_curate_refuses_a_folder_it_did_not_make_and_other_settings(crawl, curat
     ("[quality]\npath = \"missing.npz\"\n", "missing.npz"),
     ("[[fasttext]]\npath = \"missing.bin\"\nlabel = \"__label__bad\"\n", "missing.bin"),
     ("not toml [", "is not valid TOML"),
+    ("[gopher]\nmin_words = \"50\"\n", "gopher.min_words = \"50\" is a string; give an integer"),
+    ("[language]\nthreshold = true\n", "language.threshold = true is a boolean; give a number"),
+    ("skip = \"pii\"\n", "skip = \"pii\" is a string; give a list of strings"),
+    ("[language]\nlanguages = [\"en\", 3]\n", "language.languages = [\"en\", 3] is a list; give a list of strings"),
+    ("gopher = 3\n", "gopher = 3 is an integer; write it as a table, [gopher]"),
+    ("[output]\nshard_documents = 1.5\n", "output.shard_documents = 1.5 is a decimal number; give an integer"),
+    ("[[fasttext]]\npath = 3\nlabel = \"__label__bad\"\n", "[[fasttext]] path = 3 is an integer; give a string"),
     ("skip = [\"extract\", \"language\", \"gopher\", \"repetition\", \"quality\", \"fasttext\", \"pii\", \"exact_dedup\", "
      "\"minhash\", \"line_dedup\"]\n", "skip leaves out every stage"),
 ])
@@ -225,3 +232,99 @@ def test_inputs_sharing_a_file_name_keep_document_ids_unique(tmp_path):
     assert main(["data", "curate", str(tmp_path / "crawl-a"), str(tmp_path / "crawl-b"), "--out", str(tmp_path / "out"),
                  "--config", str(tmp_path / "c.toml")]) == 0
     assert [row["id"] for row in _rows(tmp_path / "out")] == ["crawl-a/part.jsonl/1", "crawl-b/part.jsonl/1"]
+
+
+# Bad inputs: one line naming the file, and nothing left behind.
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("gptlab: error: ") and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(("name", "content", "message"), [
+    ("junk.warc.gz", b"this is not a crawl\n" * 20, "junk.warc.gz is not a WARC file (Invalid WARC header)"),
+    ("page.html", b"\x89PNG\r\n\x1a\n\x00\x00", "page.html: no documents (1 binary, not text)"),
+    ("empty.jsonl", b"", "empty.jsonl: no documents (it is empty)"),
+])
+def test_curate_refuses_an_input_that_is_not_what_its_name_says_and_leaves_nothing(crawl, tmp_path, capsys, name, content, message):
+    (tmp_path / name).write_bytes(content)
+    assert main(["data", "curate", str(crawl[0]), str(tmp_path / name), "--out", str(tmp_path / "out")]) == 1
+    assert message in _one_error_line(capsys) and not (tmp_path / "out").exists()
+
+
+def test_curate_refuses_a_truncated_crawl_naming_it_and_leaves_nothing(crawl, tmp_path, capsys):
+    data = crawl[1].read_bytes()
+    (tmp_path / "half.warc.gz").write_bytes(data[:len(data) // 2])
+    assert main(["data", "curate", str(tmp_path / "half.warc.gz"), "--out", str(tmp_path / "out"), "--workers", "2"]) == 1
+    err = _one_error_line(capsys)
+    assert f"{tmp_path / 'half.warc.gz'} is truncated: " in err and "documents, before it); download the file again" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_curate_truncated_crawl_after_others_keeps_their_work_and_resumes_once_fixed(crawl, curated, tmp_path, capsys):
+    """The inputs filtered before the bad one stay; the same command, once the file is whole, ends as if nothing happened."""
+    data = crawl[1].read_bytes()
+    files = [tmp_path / path.name for path in crawl]
+    for path, source in zip(files, crawl):
+        path.write_bytes(source.read_bytes())
+    files[1].write_bytes(data[:len(data) // 2])
+    args = ["data", "curate", *map(str, files), "--out", str(tmp_path / "out"), "--workers", "1"]
+    assert main(args) == 1
+    err = _one_error_line(capsys)
+    assert "part1.warc.gz is truncated" in err and "The 1 inputs filtered so far stay in" in err
+    files[1].write_bytes(data)
+    assert main(args) == 0
+    assert _rows(tmp_path / "out") == _rows(curated)
+
+
+@pytest.mark.parametrize("workers", ["0", "-2"])
+def test_curate_refuses_workers_below_one(crawl, tmp_path, capsys, workers):
+    assert main(["data", "curate", str(crawl[0]), "--out", str(tmp_path / "out"), "--workers", workers]) == 1
+    assert f"--workers {workers}: give at least 1 process" in _one_error_line(capsys) and not (tmp_path / "out").exists()
+
+
+def test_curate_resumes_a_project_moved_whole(crawl, tmp_path, capsys):
+    """Inputs are recorded relative to the output folder, so the rerun after a move (or from another folder) resumes."""
+    project = tmp_path / "before" / "project"
+    (project / "crawl").mkdir(parents=True)
+    (project / "crawl" / "part0.warc.gz").write_bytes(crawl[0].read_bytes())
+    assert main(["data", "curate", str(project / "crawl"), "--out", str(project / "out"), "--workers", "1"]) == 0
+    record = json.loads((project / "out" / "gptlab_run.json").read_text())
+    assert record["config"]["inputs"] == ["../crawl/part0.warc.gz"]
+    moved = tmp_path / "after" / "project"
+    moved.parent.mkdir()
+    project.rename(moved)
+    capsys.readouterr()
+    assert main(["data", "curate", str(moved / "crawl"), "--out", str(moved / "out")]) == 0
+    assert "holds this curation, finished" in capsys.readouterr().out
+
+
+def test_curate_help_describes_every_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["data", "curate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--out DIR the curation's folder" in text and "--workers N processes" in text
+
+
+def test_train_quality_refuses_the_same_set_twice_and_warns_when_held_out_accuracy_is_at_chance(tmp_path, capsys):
+    import random
+
+    from gptlab.data.corpus import shakespeare_documents
+
+    rng = random.Random(1)
+    words = " ".join(shakespeare_documents()[:3]).split()
+
+    def write(name, count):
+        starts = [rng.randrange(len(words) - 120) for _ in range(count)]
+        (tmp_path / name).write_text("".join(json.dumps({"text": " ".join(words[s:s + 120])}) + "\n" for s in starts))
+        return str(tmp_path / name)
+
+    good, other = write("good.jsonl", 60), write("other.jsonl", 60)
+    assert main(["data", "train-quality", good, "--negatives", good, "--out", str(tmp_path / "q.npz")]) == 1
+    assert "every positive example is also a negative one (60 texts in both)" in _one_error_line(capsys)
+    assert not (tmp_path / "q.npz").exists()
+    assert main(["data", "train-quality", good, "--negatives", other, "--out", str(tmp_path / "q.npz")]) == 0
+    captured = capsys.readouterr()
+    assert "held-out accuracy" in captured.out and captured.err.startswith("gptlab: warning: the held-out accuracy ")
+    assert "is at chance" in captured.err and (tmp_path / "q.npz").exists()

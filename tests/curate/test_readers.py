@@ -216,3 +216,67 @@ def test_read_documents_refuses_an_unsupported_file_when_called(tmp_path):
     (tmp_path / "table.csv").write_text("a,b\n", encoding="utf-8")
     with pytest.raises(GptlabError, match="supported types"):
         read_documents(tmp_path / "table.csv")  # before any iteration, so the pipeline fails before work
+
+
+# Inputs that are not what their names say, and crawls cut short.
+
+def test_read_documents_refuses_a_file_that_is_not_a_warc_naming_it(tmp_path):
+    (tmp_path / "junk.warc.gz").write_bytes(b"hello, this is not a crawl\n" * 10)
+    with pytest.raises(GptlabError, match=r"junk.warc.gz is not a WARC file \(Invalid WARC header\)"):
+        list(read_documents(tmp_path / "junk.warc.gz"))
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_read_documents_refuses_a_crawl_cut_short_at_any_byte_naming_what_was_read(tmp_path, compress):
+    """Every cut that loses data is refused: inside a record's body, its header, its gzip member. A cut at a record's
+    end cannot be told from a shorter crawl, nor (uncompressed) one in the blank line that closes a record."""
+    records = crawl_records()
+    whole = write_records(tmp_path / "whole.warc", records, compress).read_bytes()
+    ends = set()
+    for count in range(1, len(records) + 1):
+        end = len(b"".join(gzip.compress(record, mtime=0) if compress else record for record in records[:count]))
+        ends.update([end] if compress else range(end - 4, end + 1))
+    assert len(list(read_documents(tmp_path / "whole.warc"))) == 2
+    near_ends = {end + step for end in ends for step in range(-8, 9)}  # the delicate places, byte by byte
+    for cut in sorted(set(range(1, len(whole), 5)) | near_ends):
+        if cut in ends or not 0 < cut < len(whole):
+            continue
+        (tmp_path / "cut.warc").write_bytes(whole[:cut])
+        with pytest.raises(GptlabError, match=r"cut.warc (is truncated|is unreadable after|is not a WARC file)"):
+            list(read_documents(tmp_path / "cut.warc"))
+
+
+def test_read_documents_truncation_message_counts_the_records_and_documents_before_it(tmp_path):
+    whole = write_records(tmp_path / "crawl.warc.gz", crawl_records(), compress=True).read_bytes()
+    (tmp_path / "crawl.warc.gz").write_bytes(whole[:-20])
+    with pytest.raises(GptlabError) as error:
+        list(read_documents(tmp_path / "crawl.warc.gz"))
+    assert str(error.value).startswith(f"{tmp_path / 'crawl.warc.gz'} is truncated: ")
+    assert "(5 whole records, 2 documents, before it); download the file again" in str(error.value)
+
+
+@pytest.mark.parametrize(("name", "content", "reason"), [
+    ("page.html", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "1 binary, not text"),
+    ("notes.txt", b"PK\x03\x04\x00\x00", "1 binary, not text"),
+    ("page.html", b"", "it is empty"),
+    ("empty.warc.gz", b"", "it is empty"),
+    ("rows.jsonl", b"\n\n", "it is empty"),
+])
+def test_read_documents_refuses_an_input_with_no_document_giving_the_reasons(tmp_path, name, content, reason):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(GptlabError, match=f"^{tmp_path / name}: no documents \\({reason}\\); "):
+        list(read_documents(tmp_path / name))
+
+
+def test_read_documents_refuses_a_crawl_without_an_html_page_counting_what_it_held(tmp_path):
+    records = [record for record in crawl_records() if b"<html>" not in record]
+    write_records(tmp_path / "crawl.warc.gz", records, compress=True)
+    with pytest.raises(GptlabError, match=r"crawl.warc.gz: no documents \(2 not HTML, 1 HTTP status not 200\)"):
+        list(read_documents(tmp_path / "crawl.warc.gz"))
+
+
+def test_read_documents_directory_counts_a_binary_file_it_skips(tmp_path):
+    (tmp_path / "a.html").write_bytes(PAGE_A)
+    (tmp_path / "b.html").write_bytes(b"\x00\x01\x02")
+    with pytest.raises(GptlabError, match=r"b.html: no documents \(1 binary, not text\)"):
+        list(read_documents(tmp_path))

@@ -283,3 +283,44 @@ def test_cli_prepare_ctrl_c_with_workers_exits_and_the_same_command_resumes(tmp_
     assert main(args) == 0
     reference = prepare_shards([source], tokenizer, tmp_path / "reference", PrepareConfig(shard_tokens=5000, **QUIET))
     assert folder_bytes(tmp_path / "out") == folder_bytes(tmp_path / "reference") and reference.status == "prepared"
+
+
+CTRL_C_AT_POOL = """
+import multiprocessing.pool, os, signal, sys
+from gptlab.cli.main import main
+from gptlab.data import blocks
+blocks.BLOCK_CHARS = 2000
+name, after = {"pool starting": ("_repopulate_pool", True), "pool ending": ("terminate", False)}[sys.argv[1]]
+real = getattr(multiprocessing.pool.Pool, name)
+def wrapped(*args, **kwargs):
+    if not after:
+        os.killpg(os.getpgid(0), signal.SIGINT)
+    result = real(*args, **kwargs)
+    if after:
+        os.killpg(os.getpgid(0), signal.SIGINT)
+    return result
+setattr(multiprocessing.pool.Pool, name, wrapped)
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("moment", ["pool starting", "pool ending"])
+def test_cli_prepare_ctrl_c_as_the_worker_pool_starts_or_ends_exits_130_without_a_traceback(tmp_path, tokenizer, moment):
+    import gptlab
+
+    tokenizer.save(tmp_path / "tok")
+    source = documents_as_jsonl(tmp_path, make_documents(200))
+    args = ["data", "prepare", source, "-t", str(tmp_path / "tok"), "--out", str(tmp_path / "out"), "--shard-tokens", "5000", "--workers", "2", "--quiet"]
+    env = {**os.environ, "PYTHONPATH": str(Path(gptlab.__file__).resolve().parents[1])}
+    result = subprocess.run([sys.executable, "-c", CTRL_C_AT_POOL, moment, *args], capture_output=True, text=True, env=env, timeout=120,
+                            start_new_session=True, preexec_fn=with_ctrl_c)
+    assert result.returncode == 130, result.stderr
+    assert lines_of(result.stderr)[-1] == "gptlab: interrupted" and "Traceback" not in result.stderr, result.stderr
+    assert main(args) == 0
+    prepare_shards([source], tokenizer, tmp_path / "reference", PrepareConfig(shard_tokens=5000, **QUIET))
+    assert folder_bytes(tmp_path / "out") == folder_bytes(tmp_path / "reference")
+
+
+def test_prepare_refuses_workers_below_one():
+    with pytest.raises(GptlabError, match=r"--workers 0: give at least 1 process"):
+        PrepareConfig(workers=0)

@@ -26,10 +26,11 @@ def register(stages) -> None:
     )
     curate.add_argument("inputs", nargs="+", metavar="INPUT", help="files, directories or globs (.warc[.gz], .wet[.gz], .html, "
                         ".jsonl[.gz], .parquet, .txt)")
-    curate.add_argument("--out", required=True, metavar="DIR")
+    curate.add_argument("--out", required=True, metavar="DIR", help="the curation's folder: shards/, report.json, report.txt "
+                        "(new or empty, or one this command made: the same inputs and config resume it)")
     curate.add_argument("--config", metavar="TOML", help="stage settings (default: every stage at its defaults; "
                         "docs/curate.toml lists every setting)")
-    curate.add_argument("--workers", type=int, default=0, help="processes for the per-document stages (default: all cores)")
+    curate.add_argument("--workers", type=int, metavar="N", help="processes for the per-document stages, at least 1 (default: one per core)")
     curate.add_argument("--force", action="store_true", help="start over: clear the curation in --out (its own files only)")
     curate.set_defaults(handler=run_curate)
 
@@ -156,14 +157,15 @@ def summary(result) -> str:
 
 def run_curate(args: argparse.Namespace) -> int:
     from gptlab.curate.config import load_config
-    from gptlab.curate.pipeline import curate, summary
+    from gptlab.curate.pipeline import WORK, curate, summary
 
     config = load_config(args.config)
-    if args.workers < 0:
-        from gptlab.runtime import GptlabError
-
-        raise GptlabError(f"--workers must be 0 (all cores) or more, got {args.workers}")
-    report = curate(args.inputs, args.out, config, workers=args.workers, force=args.force)
+    try:
+        report = curate(args.inputs, args.out, config, workers=args.workers, force=args.force)
+    except KeyboardInterrupt:
+        if (Path(args.out) / WORK).is_dir():
+            print(f"gptlab: the work so far is kept in {args.out}; the same command resumes it", file=sys.stderr)
+        raise
     print(summary(report))
     print(f"wrote {args.out}/shards and {args.out}/report.json; tokenize with "
           f"`gptlab data prepare {args.out}/shards -t TOKENIZER --out DIR`")
@@ -181,7 +183,7 @@ def _texts(inputs: list[str], text_field: str) -> list[str]:
 
 
 def run_train_quality(args: argparse.Namespace) -> int:
-    from gptlab.curate.classifier import train_quality_classifier
+    from gptlab.curate.classifier import held_out_accuracy, train_quality_classifier
     from gptlab.runtime import GptlabError
 
     out = Path(args.out)
@@ -191,9 +193,17 @@ def run_train_quality(args: argparse.Namespace) -> int:
         raise GptlabError(f"--out {out}: the classifier is saved as .npz; name the file e.g. {out.with_suffix('.npz')}")
     positives, negatives = _texts(args.positives, args.text_field), _texts(args.negatives, args.text_field)
     classifier = train_quality_classifier(positives, negatives)
+    check = held_out_accuracy(positives, negatives)
+    classifier.training.update(check or {})
     classifier.save(out)
-    training = classifier.training or {}
+    training = classifier.training
+    held = (f", held-out accuracy {check['held_out_accuracy']:.3f} on {check['held_out_examples']:,}" if check else
+            ", too few examples to hold some out")
     print(f"trained on {len(positives):,} positives and {len(negatives):,} negatives "
-          f"(training accuracy {training.get('training_accuracy', float('nan')):.3f}); saved {out}: "
+          f"(training accuracy {training['training_accuracy']:.3f}{held}); saved {out}: "
           f"use it with [quality] path = \"{out}\" in curate's --config")
+    if check and check["held_out_accuracy"] < check["chance_bound"]:
+        print(f"gptlab: warning: the held-out accuracy {check['held_out_accuracy']:.3f} is at chance (a coin scores up to "
+              f"{check['chance_bound']:.3f} on {check['held_out_examples']:,} examples): this classifier cannot tell the "
+              "POSITIVES from the --negatives; give more examples, or sets that differ in quality", file=sys.stderr)
     return 0

@@ -190,6 +190,7 @@ def train_quality_classifier(positives: Iterable[str], negatives: Iterable[str],
     if not positives or not negatives:
         raise GptlabError(f"training a quality classifier needs both classes: got {len(positives)} positive and "
                           f"{len(negatives)} negative examples")
+    _check_distinct(positives, negatives)
     labels = np.concatenate([np.ones(len(positives)), np.zeros(len(negatives))])
     sample_weights = np.ones_like(labels)
     if config.balance_classes:
@@ -202,6 +203,45 @@ def train_quality_classifier(positives: Iterable[str], negatives: Iterable[str],
     training = {"positives": len(positives), "negatives": len(negatives), "loss": fit.loss, "iterations": fit.iterations,
                 "converged": fit.converged, "training_accuracy": accuracy}
     return QualityClassifier(config, fit.weights, fit.bias, training)
+
+
+def _check_distinct(positives: list[str], negatives: list[str]) -> None:
+    """Refuse classes that cannot be told apart: every example of one is also an example of the other (the same
+    files given twice), so the classifier would learn nothing and score everything near 0.5."""
+    shared = set(positives) & set(negatives)
+    for name, texts, other in (("positive", positives, "negative"), ("negative", negatives, "positive")):
+        if shared >= set(texts):
+            raise GptlabError(f"every {name} example is also a {other} one ({len(shared):,} texts in both): a classifier "
+                              "cannot tell them apart; give --negatives that differ from the POSITIVES")
+
+
+HELD_OUT_FRACTION = 0.2
+MIN_HELD_OUT = 5  # held-out examples per class, at least: fewer give an accuracy too noisy to judge
+
+
+def held_out_accuracy(positives: list[str], negatives: list[str], *, config: ClassifierConfig | None = None,
+                      seed: int = 0) -> dict | None:
+    """How well a classifier trained on the rest sorts a held-out fifth of each class: its balanced accuracy (the
+    mean of the two classes' accuracies, 0.5 for a coin whatever the class sizes) and `chance_bound`, two standard
+    deviations of a coin's balanced accuracy above 0.5. Below the bound, the classifier is indistinguishable from
+    chance. None where a class has too few examples to hold any out.
+
+        held_out_accuracy(prose, junk)  # {"held_out_accuracy": 0.97, "held_out_examples": 40, "chance_bound": 0.66}
+    """
+    rng = np.random.default_rng(seed)
+    splits = []
+    for texts in (positives, negatives):
+        held = int(len(texts) * HELD_OUT_FRACTION)
+        if held < MIN_HELD_OUT:
+            return None
+        order = rng.permutation(len(texts))
+        splits.append(([texts[i] for i in order[held:]], [texts[i] for i in order[:held]]))
+    (train_positives, held_positives), (train_negatives, held_negatives) = splits
+    classifier = train_quality_classifier(train_positives, train_negatives, config=config)
+    accuracy = (np.mean(classifier.scores(held_positives) >= 0.5) + np.mean(classifier.scores(held_negatives) < 0.5)) / 2
+    spread = 0.25 * math.sqrt(1 / len(held_positives) + 1 / len(held_negatives))  # std of a coin's balanced accuracy
+    return {"held_out_accuracy": float(accuracy), "held_out_examples": len(held_positives) + len(held_negatives),
+            "chance_bound": 0.5 + 2 * spread}
 
 
 RULES = ("threshold", "pareto")

@@ -16,6 +16,9 @@ wide ones: exact_dedup, minhash, line_dedup. Not here: running them (gptlab.cura
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,11 +100,58 @@ def load_config(path: str | None) -> CurateConfig:
     except tomllib.TOMLDecodeError as error:
         raise GptlabError(f"--config {file} is not valid TOML: {error}") from None
     classifiers = data.pop("fasttext", [])
-    if not isinstance(classifiers, list):
+    if not isinstance(classifiers, list) or not all(isinstance(item, dict) for item in classifiers):
         raise GptlabError(f"--config {file}: fasttext is a list of tables: write [[fasttext]] for each classifier")
+    check_types(CurateConfig, data, f"--config {file}: ")
+    for item in classifiers:
+        check_types(FastTextConfig, item, f"--config {file}: [[fasttext]] ")
     config = build_config(CurateConfig, data, source=str(file))
     built = tuple(build_config(FastTextConfig, item, source=f"{file} [[fasttext]]") for item in classifiers)
     return CurateConfig(**{**{name: getattr(config, name) for name in config.__dataclass_fields__}, "fasttext": built})
+
+
+def check_types(cls: type, data: dict, where: str, prefix: str = "") -> None:
+    """Each TOML value of the type its field declares, so a wrong one is named here ("gopher.min_words = '50' is a
+    string; give an integer") rather than failing as a comparison deep inside a stage. Unknown keys are left to
+    build_config, which names them."""
+    hints = typing.get_type_hints(cls)
+    for name, value in data.items():
+        if name not in hints:
+            continue
+        kind, key = hints[name], f"{prefix}{name}"
+        if dataclasses.is_dataclass(kind):
+            if not isinstance(value, dict):
+                raise GptlabError(f"{where}{key} = {_toml(value)} is {_described(value)}; write it as a table, [{key}]")
+            check_types(kind, value, where, f"{key}.")
+        elif typing.get_origin(kind) is tuple:
+            element = typing.get_args(kind)[0]
+            if not isinstance(value, list) or not all(_is(item, element) for item in value):
+                raise GptlabError(f"{where}{key} = {_toml(value)} is {_described(value)}; give a list of {_PLURAL_WORDS[element]}")
+        elif not _is(value, kind):
+            raise GptlabError(f"{where}{key} = {_toml(value)} is {_described(value)}; give {_TYPE_WORDS[kind]}")
+
+
+_TYPE_WORDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+_PLURAL_WORDS = {str: "strings", int: "integers", float: "numbers", bool: "booleans"}
+_TOML_WORDS = {bool: "a boolean", str: "a string", int: "an integer", float: "a decimal number", list: "a list", dict: "a table"}
+
+
+def _is(value, kind: type) -> bool:
+    """TOML's types against a field's: a bool is no number, and an integer serves where a float goes."""
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def _toml(value) -> str:
+    """A value as the TOML file wrote it: "50", true, ["en", 3] (JSON spells these the same)."""
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _described(value) -> str:
+    return next((word for kind, word in _TOML_WORDS.items() if isinstance(value, kind)), f"a {type(value).__name__}")
 
 
 def build_stages(config: CurateConfig) -> list[Stage]:

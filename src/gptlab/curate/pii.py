@@ -21,13 +21,13 @@ from gptlab.runtime import GptlabError
 EMAIL = re.compile(r"(?<![\w.%+-])[A-Za-z0-9._%+-]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,}\b")
 
 # NANP numbers: an optional +1, a 3-digit area code (bare or in parentheses), 3 digits, 4 digits, separated by
-# nothing, one space, a dot or a hyphen. Not glued to other digits or letters, so dates (2024-01-15), zip+4 codes
+# nothing, one space, a dot or a hyphen (after the parentheses too, as in "(283)-182-3829" and "(283).182.3829"). Not glued to other digits or letters, so dates (2024-01-15), zip+4 codes
 # (12345-6789), social security numbers (123-45-6789) and card numbers (4111 1111 1111 1111) do not match.
 # Area codes never start with 0 or 1 (NANP), which spares ten-digit Unix times (1700000000) and many ids.
 PHONE_NUMBER = re.compile(r"""
     (?<![\w+])                                    # not the tail of a longer number or word
     (?:\+?1[ .-]?)?                               # country code
-    (?:\([2-9][0-9]{2}\)\ ?|[2-9][0-9]{2}[ .-]?)  # area code
+    (?:\([2-9][0-9]{2}\)[ .-]?|[2-9][0-9]{2}[ .-]?)  # area code, "(283)-182-3829" too
     [0-9]{3}[ .-]?[0-9]{4}
     (?!\w)
 """, re.VERBOSE)

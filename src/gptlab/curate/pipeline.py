@@ -10,7 +10,9 @@
 Resumable: a file's phase-1 output is written atomically with its counts, so a rerun after a kill skips the files
 done; phase 2 is deterministic and reruns whole. OUT/work is removed once the report is written; a rerun of a
 finished curation only reprints its report. The folder is claimed as a run (gptlab.runtime.rundir): the same
-inputs and config resume, others are refused. Not here: the stages themselves (the other gptlab.curate modules).
+inputs (recorded relative to the folder, so a project moved whole resumes) and config resume, others are refused.
+Each input is read up to its first document before the claim, so garbage, empty and binary inputs leave nothing
+behind; one found bad later (a truncated crawl) keeps the inputs filtered before it, for the rerun. Not here: the stages themselves (the other gptlab.curate modules).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from pathlib import Path
 from gptlab.curate.config import CurateConfig, build_dedup, build_stages
 from gptlab.curate.document import Document, StageStats
 from gptlab.curate.readers import expand_inputs, read_documents
-from gptlab.runtime import atomic_write, atomic_write_text, read_json
-from gptlab.runtime.processes import default_workers, process_context
+from gptlab.runtime import GptlabError, atomic_write, atomic_write_text, read_json
+from gptlab.runtime.processes import default_workers, worker_pool
 from gptlab.runtime.rundir import claim_run_folder
 
 WORK = "work"
@@ -34,13 +36,18 @@ SHARDS = "shards"
 CURATE_FILES = (SHARDS, "report.json", "report.txt", WORK)
 
 
-def curate(inputs: list[str], out: str | os.PathLike, config: CurateConfig, *, workers: int = 0, force: bool = False,
+def curate(inputs: list[str], out: str | os.PathLike, config: CurateConfig, *, workers: int | None = None, force: bool = False,
            log: Callable[[str], None] = print) -> dict:
-    """Curate `inputs` into `out`; returns the report. Refuses a folder holding anything else, before any work."""
+    """Curate `inputs` into `out`; returns the report. Refuses a folder holding anything else, and inputs that are
+    not what their names say (not a WARC, empty, binary), before any work. `workers` None: one per core."""
+    if workers is not None and workers < 1:
+        raise GptlabError(f"--workers {workers}: give at least 1 process (or leave it out for one per core)")
     files = expand_inputs(inputs)
     out = Path(out)
     build_stages(config)  # a bad config (a missing classifier file, ...) fails here, before the folder is claimed
-    record = {"inputs": [str(path.absolute()) for path in files], "config": dataclasses.asdict(config)}
+    for path in files:
+        probe(path, config)
+    record = {"inputs": relative_inputs(files, out), "config": dataclasses.asdict(config)}
     folder = claim_run_folder(out, command="data curate", config=record, ours=CURATE_FILES, force=force, free=["workers"])
     if folder.status == "resume" and (out / "report.json").is_file() and not (out / WORK).exists():
         log(f"{out} holds this curation, finished: its report follows (--force starts over)")
@@ -54,7 +61,10 @@ def curate(inputs: list[str], out: str | os.PathLike, config: CurateConfig, *, w
     workers = min(workers or default_workers(), max(1, len(todo)))
     if todo:
         log(f"phase 1: {len(todo)} inputs through {', '.join(stage.name for stage in build_stages(config))} ({workers} worker{'s' if workers != 1 else ''})")
-        _run_phase_one(todo, workers, log)
+        try:
+            _run_phase_one(todo, workers, log)
+        except GptlabError as error:  # an input found bad only once read through (truncated, no documents)
+            raise GptlabError(_after_failure(folder, out, len(files), error)) from None
     per_file = [read_json(_stats_path(out, index)) for index in range(len(files))]
     log("phase 2: deduplication over the whole corpus")
     dedup_stats, shards = _run_phase_two(out, len(files), config)
@@ -63,6 +73,36 @@ def curate(inputs: list[str], out: str | os.PathLike, config: CurateConfig, *, w
     atomic_write_text(out / "report.txt", summary(report) + "\n")
     shutil.rmtree(out / WORK)  # a copy of the filtered corpus, needed only to resume
     return report
+
+
+def probe(path: Path, config: CurateConfig) -> None:
+    """Read `path` up to its first document, so an input that is not what its name says (garbage, empty, binary, no
+    documents at all) is refused before the folder is claimed; one cut short later is found when it is read through."""
+    reader = read_documents(path, text_field=config.text_field, id_field=config.id_field)
+    next(reader, None)  # raises, naming the file, where it gives no document
+    reader.close()
+
+
+def relative_inputs(files: list[Path], out: Path) -> list[str]:
+    """The inputs as recorded in the run folder: relative to it, so a project moved whole (crawl and output
+    together), or run from another folder, resumes; absolute only where no relative path exists (another drive)."""
+    paths = []
+    for path in files:
+        try:
+            paths.append(Path(os.path.relpath(path.absolute(), out.absolute())).as_posix())
+        except ValueError:
+            paths.append(str(path.absolute()))
+    return paths
+
+
+def _after_failure(folder, out: Path, count: int, error: GptlabError) -> str:
+    """A bad input met in phase 1: a new curation with nothing filtered yet leaves nothing behind; otherwise the
+    inputs filtered so far stay for the rerun, and the message says so."""
+    done = sum(_stats_path(out, index).is_file() for index in range(count))
+    if folder.status == "new" and not done:
+        folder.undo()
+        return str(error)
+    return f"{error}. The {done} inputs filtered so far stay in {out}: once it is fixed, the same command resumes"
 
 
 def _stats_path(out: Path, index: int) -> Path:
@@ -78,7 +118,7 @@ def _run_phase_one(todo: list[tuple], workers: int, log: Callable[[str], None]) 
         for job in todo:
             log(_filter_file(job))
         return
-    with process_context().Pool(workers) as pool:
+    with worker_pool(workers) as pool:  # workers leave Ctrl-C to this process, which ends them
         for line in pool.imap_unordered(_filter_file, todo):
             log(line)
 

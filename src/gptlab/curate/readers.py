@@ -11,12 +11,16 @@
     a directory        every supported file under it (hidden ones left out), in sorted order
 
 `read_documents` returns a `DocumentReader`: iterate it for Documents, then read `reader.stats` (a `ReadStats`) for
-what was read and what was skipped (non-HTML and non-200 WARC responses), which the curation report sums over files.
+what was read and what was skipped (non-HTML and non-200 WARC responses, binary and empty files), which the curation
+report sums over files. A file that gives no document is an error with those counts ("x.html: no documents (1 binary,
+not text)"), and so is a WARC that is not one, or that ends inside a record: a half-downloaded crawl (every record is
+checked against its Content-Length, whatever its type) stops with the file named and how much of it was read.
 Not here: HTML to text (gptlab.curate.extract), filtering (the stages), running the stages (gptlab.curate.pipeline).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import decimal
 import glob
@@ -42,6 +46,21 @@ class ReadStats:
     documents: int = 0  # documents handed on
     skipped_not_html: int = 0  # WARC responses that are not HTTP or whose Content-Type is not HTML (images, PDFs, ...)
     skipped_status: int = 0  # WARC HTTP responses whose status is not 200 (redirects, errors)
+    skipped_binary: int = 0  # .html / .txt files holding NUL bytes: images, archives, ... under a text name
+    skipped_empty: int = 0  # files with nothing in them (or only blank lines)
+
+    def add(self, other: ReadStats) -> None:
+        for name, value in dataclasses.asdict(other).items():
+            setattr(self, name, getattr(self, name) + value)
+
+    def skips(self) -> str:
+        """The skip counts in words, for an input that gave no document: "3 not HTML, 1 HTTP status not 200"."""
+        words = {"skipped_not_html": "not HTML", "skipped_status": "HTTP status not 200", "skipped_binary": "binary, not text",
+                 "skipped_empty": "empty"}
+        counts = {word: getattr(self, name) for name, word in words.items() if getattr(self, name)}
+        if list(counts) == ["empty"]:
+            return "it is empty"
+        return ", ".join(f"{count:,} {word}" for word, count in counts.items()) or "nothing in it"
 
 
 class DocumentReader(Iterator[Document]):
@@ -54,12 +73,26 @@ class DocumentReader(Iterator[Document]):
         self.path = Path(path)
         self.stats = ReadStats()
         readers = [(file, _reader_for(file)) for file in expand_inputs([self.path])]
-        self._documents = (document for file, read in readers for document in read(file, self.stats, text_field, id_field))
+        self._documents = (document for file, read in readers for document in self._read_one(file, read, text_field, id_field))
 
     def __next__(self) -> Document:
-        document = next(self._documents)
-        self.stats.documents += 1
-        return document
+        return next(self._documents)
+
+    def close(self) -> None:
+        """Stop early (the file is closed now, not when the reader is collected); the counts so far stay in stats."""
+        self._documents.close()
+
+    def _read_one(self, file: Path, read: Read, text_field: str, id_field: str) -> Iterator[Document]:
+        """One file's documents, counted; a file that gives none is an error naming what it held instead."""
+        stats = ReadStats()
+        try:
+            for document in read(file, stats, text_field, id_field):
+                stats.documents += 1
+                yield document
+        finally:  # a reader left early still counts what it read
+            self.stats.add(stats)
+        if not stats.documents:
+            raise GptlabError(f"{file}: no documents ({stats.skips()}); leave it out of the inputs, or fetch it again")
 
 
 def read_documents(path: str | os.PathLike, *, text_field: str = "text", id_field: str = "id") -> DocumentReader:
@@ -138,28 +171,87 @@ def _all_suffixes() -> tuple[str, ...]:
     return tuple(suffix for suffixes, _ in _READERS for suffix in suffixes)
 
 
-def _read_warc(path: Path, stats: ReadStats, text_field: str, id_field: str) -> Iterator[Document]:
-    """HTML bodies of the HTTP 200 responses; the rest counted as skipped. FastWARC detects gzip itself."""
-    from fastwarc.warc import ArchiveIterator, WarcRecordType
+def _warc_records(path: Path, kind, stats: ReadStats, *, parse_http: bool) -> Iterator[tuple[object, bytes]]:
+    """(record, body) for each record of type `kind`. Every record, of any type, is read whole and checked against its
+    Content-Length: FastWARC ends quietly where a file does, so a half-downloaded crawl would otherwise pass as a
+    shorter one. FastWARC detects gzip itself."""
+    from fastwarc.warc import ArchiveIterator
 
+    records = last_start = 0
     with open(path, "rb") as stream:
         # auto_decode "none": Common Crawl stores bodies already decoded, so decoding is ours to try (_decode_body)
-        records = ArchiveIterator(stream, record_types=WarcRecordType.response, parse_http=True, auto_decode="none")
-        for number, record in enumerate(records):
-            if not record.is_http:
-                stats.skipped_not_html += 1
-                continue
-            if record.http_headers.status_code != 200:
-                stats.skipped_status += 1
-                continue
-            content_type = (record.http_content_type or "").lower()
-            if content_type not in HTML_TYPES:
-                stats.skipped_not_html += 1
-                continue
-            body = _decode_body(record.reader.read(), record.http_headers.get("Content-Encoding"))
-            metadata = {"html": body, "url": record.headers.get("WARC-Target-URI"), "date": record.headers.get("WARC-Date"),
-                        "content_type": content_type, "charset": record.http_charset, "warc_record_id": record.record_id}
-            yield Document(id=f"{path.name}/{number}", text="", metadata=metadata)
+        iterator = iter(ArchiveIterator(stream, parse_http=parse_http, auto_decode="none"))
+        while True:
+            try:
+                record = next(iterator, None)
+                body = None if record is None else record.reader.read()
+            except OSError as error:  # FastWARC's "Invalid WARC header", a corrupt gzip stream
+                where = "is not a WARC file" if not records else f"is unreadable after {records:,} records"
+                raise GptlabError(f"{path} {where} ({error}); check that it is a whole WARC file, or leave it out") from None
+            if record is None:
+                break
+            if len(body) < record.content_length:
+                raise GptlabError(_truncated(path, records, stats, f"record {records:,} ends after {len(body):,} of its "
+                                             f"{record.content_length:,} bytes"))
+            records, last_start = records + 1, record.stream_pos
+            if record.record_type == kind:
+                yield record, body
+    if path.stat().st_size and not _ends_whole(path, last_start):
+        raise GptlabError(_truncated(path, records, stats, "it ends inside a record's header"))
+    if not records:
+        stats.skipped_empty += 1
+
+
+def _truncated(path: Path, records: int, stats: ReadStats, where: str) -> str:
+    return (f"{path} is truncated: {where} ({records:,} whole records, {stats.documents:,} documents, before it); "
+            "download the file again")
+
+
+def _ends_whole(path: Path, last_start: int) -> bool:
+    """Whether the file ends where a record does. FastWARC stops quietly at a header cut short, so this looks at the
+    bytes from the last record's start (its gzip member's, for a file gzipped per record as crawls are): each gzip
+    member complete, and the WARC text ending in the blank line that closes every record (ISO 28500)."""
+    with open(path, "rb") as handle:
+        gzipped = handle.read(2) == b"\x1f\x8b"
+        handle.seek(last_start)
+        tail = handle.read()
+        if gzipped and not tail.startswith(b"\x1f\x8b"):  # one gzip member for the whole file: from its start
+            handle.seek(0)
+            tail = handle.read()
+    if not gzipped:
+        return tail.endswith(b"\r\n\r\n")
+    text = b""
+    while tail:
+        inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+        try:
+            text = inflater.decompress(tail)
+        except zlib.error:
+            return False
+        if not inflater.eof:
+            return False
+        tail = inflater.unused_data
+    return text.endswith(b"\r\n\r\n")
+
+
+def _read_warc(path: Path, stats: ReadStats, text_field: str, id_field: str) -> Iterator[Document]:
+    """HTML bodies of the HTTP 200 responses; the rest counted as skipped."""
+    from fastwarc.warc import WarcRecordType
+
+    for number, (record, body) in enumerate(_warc_records(path, WarcRecordType.response, stats, parse_http=True)):
+        if not record.is_http:
+            stats.skipped_not_html += 1
+            continue
+        if record.http_headers.status_code != 200:
+            stats.skipped_status += 1
+            continue
+        content_type = (record.http_content_type or "").lower()
+        if content_type not in HTML_TYPES:
+            stats.skipped_not_html += 1
+            continue
+        body = _decode_body(body, record.http_headers.get("Content-Encoding"))
+        metadata = {"html": body, "url": record.headers.get("WARC-Target-URI"), "date": record.headers.get("WARC-Date"),
+                    "content_type": content_type, "charset": record.http_charset, "warc_record_id": record.record_id}
+        yield Document(id=f"{path.name}/{number}", text="", metadata=metadata)
 
 
 def _decode_body(body: bytes, content_encoding: str | None) -> bytes:
@@ -178,31 +270,49 @@ def _decode_body(body: bytes, content_encoding: str | None) -> bytes:
 
 def _read_wet(path: Path, stats: ReadStats, text_field: str, id_field: str) -> Iterator[Document]:
     """The text of each conversion record, decoded as UTF-8 (what Common Crawl writes)."""
-    from fastwarc.warc import ArchiveIterator, WarcRecordType
+    from fastwarc.warc import WarcRecordType
 
-    with open(path, "rb") as stream:
-        for number, record in enumerate(ArchiveIterator(stream, record_types=WarcRecordType.conversion, parse_http=False)):
-            text = record.reader.read().decode("utf-8", errors="replace")
-            metadata = {"url": record.headers.get("WARC-Target-URI"), "date": record.headers.get("WARC-Date"),
-                        "warc_record_id": record.record_id}
-            yield Document(id=f"{path.name}/{number}", text=text, metadata=metadata)
+    for number, (record, body) in enumerate(_warc_records(path, WarcRecordType.conversion, stats, parse_http=False)):
+        text = body.decode("utf-8", errors="replace")
+        metadata = {"url": record.headers.get("WARC-Target-URI"), "date": record.headers.get("WARC-Date"),
+                    "warc_record_id": record.record_id}
+        yield Document(id=f"{path.name}/{number}", text=text, metadata=metadata)
 
 
 def _read_html(path: Path, stats: ReadStats, text_field: str, id_field: str) -> Iterator[Document]:
-    yield Document(id=str(path), text="", metadata={"html": path.read_bytes()})
+    data = _text_bytes(path, stats)
+    if data is not None:
+        yield Document(id=str(path), text="", metadata={"html": data})
 
 
 def _read_text(path: Path, stats: ReadStats, text_field: str, id_field: str) -> Iterator[Document]:
-    yield Document(id=str(path), text=path.read_bytes().decode("utf-8", errors="replace"))
+    data = _text_bytes(path, stats)
+    if data is not None:
+        yield Document(id=str(path), text=data.decode("utf-8", errors="replace"))
+
+
+def _text_bytes(path: Path, stats: ReadStats) -> bytes | None:
+    """The file's bytes, or None (counted) where it is empty or binary: a NUL byte in the first 8 KiB, the test git
+    and grep use, since no text encoding curate reads (UTF-8, windows-1252, ...) writes one."""
+    data = path.read_bytes()
+    if not data.strip():
+        stats.skipped_empty += 1
+        return None
+    if b"\0" in data[:8192]:
+        stats.skipped_binary += 1
+        return None
+    return data
 
 
 def _read_jsonl(path: Path, stats: ReadStats, text_field: str, id_field: str) -> Iterator[Document]:
     """One JSON object a line; blank lines are passed over. Lines are read as bytes so bad UTF-8 names its line."""
     opener = gzip.open if path.name.lower().endswith(".gz") else open
+    blank = True
     with opener(path, "rb") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
+            blank = False
             try:
                 record = json.loads(line)
             except ValueError as error:
@@ -210,6 +320,7 @@ def _read_jsonl(path: Path, stats: ReadStats, text_field: str, id_field: str) ->
             if not isinstance(record, dict):
                 raise GptlabError(f"{path} line {number} is a JSON {type(record).__name__}, not an object with a {text_field!r} field")
             yield _document_from_record(record, path, f"line {number}", f"{path.name}/{number}", text_field, id_field)
+    stats.skipped_empty += blank
 
 
 def _read_parquet(path: Path, stats: ReadStats, text_field: str, id_field: str) -> Iterator[Document]:
@@ -229,6 +340,7 @@ def _read_parquet(path: Path, stats: ReadStats, text_field: str, id_field: str) 
         for row in batch.to_pylist():
             yield _document_from_record(row, path, f"row {number}", f"{path.name}/{number}", text_field, id_field)
             number += 1
+    stats.skipped_empty += not number
 
 
 def _document_from_record(record: dict, path: Path, where: str, default_id: str, text_field: str, id_field: str) -> Document:

@@ -21,7 +21,6 @@ Not here: shuffling, splitting and shards (gptlab.data.prepare).
 from __future__ import annotations
 
 import json
-import signal
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -32,7 +31,8 @@ from tqdm.auto import tqdm
 
 from gptlab.data.shards import dtype_for
 from gptlab.data.sources import Source
-from gptlab.runtime import atomic_write, atomic_write_text, default_workers, process_context, read_json
+from gptlab.runtime import atomic_write, atomic_write_text, default_workers, read_json
+from gptlab.runtime.processes import worker_pool
 from gptlab.tokenizer import Tokenizer
 
 BLOCK_CHARS = 1 << 22  # characters of text per tokenizing task (at most)
@@ -46,13 +46,6 @@ _worker_tokenizer: Tokenizer | None = None
 def _init_worker(tokenizer: Tokenizer) -> None:
     global _worker_tokenizer
     _worker_tokenizer = tokenizer
-
-
-def _init_pool_worker(tokenizer: Tokenizer) -> None:
-    """Ctrl-C is for the parent alone: a worker that died of it while holding the pool's queue lock
-    would hang the parent's Pool.terminate() forever; the parent ends the workers itself."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _init_worker(tokenizer)
 
 
 def _encode_block(documents: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -179,7 +172,7 @@ def _encode_in_order(blocks: Iterator, tokenizer: Tokenizer, workers: int, recor
             record(read, size, *_encode_block(documents))
         return
     # Ordered results with at most 2 blocks per worker in flight: memory stays bounded.
-    with process_context().Pool(workers, initializer=_init_pool_worker, initargs=(tokenizer,)) as pool:
+    with worker_pool(workers, initializer=_init_worker, initargs=(tokenizer,)) as pool:  # workers ignore Ctrl-C
         pending: deque = deque()
         for documents, read, size in blocks:
             pending.append((pool.apply_async(_encode_block, (documents,)), read, size))

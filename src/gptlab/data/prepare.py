@@ -88,6 +88,8 @@ class PrepareConfig:
             raise GptlabError(f"a val token count must be a whole number, got {self.val}")
         if self.shard_tokens < 1:
             raise GptlabError(f"shard_tokens must be at least 1, got {self.shard_tokens}")
+        if self.workers is not None and self.workers < 1:
+            raise GptlabError(f"--workers {self.workers}: give at least 1 process (or leave it out for one per core)")
 
     def resolved(self, *, val_source: bool) -> PrepareConfig:
         """This config with `val` decided; a val share and a val source cannot both choose the val split."""

@@ -2,11 +2,17 @@
 
 "fork" where the OS has it: workers start fast and user scripts need no
 `if __name__ == "__main__"` guard (which "spawn" requires). Elsewhere "spawn".
+
+Ctrl-C: `worker_pool` gives a pool whose workers ignore SIGINT (a terminal sends it to the whole process group),
+so the parent alone turns it into KeyboardInterrupt and ends the workers; a Ctrl-C that lands while the pool
+starts or ends is held until it has, then raised. So every command with workers exits with `gptlab: interrupted`.
 """
 
 import contextlib
 import multiprocessing
 import os
+import signal
+import threading
 
 
 def process_context() -> multiprocessing.context.BaseContext:
@@ -36,3 +42,48 @@ def one_blas_thread():
     except ImportError:
         return contextlib.nullcontext()
     return threadpool_limits(limits=1, user_api="blas")
+
+
+def _ignore_ctrl_c(initializer, initargs: tuple) -> None:
+    """A worker's first act: leave Ctrl-C to the parent. A worker that died of it holding the pool's queue lock
+    would hang the parent's terminate(), and each would print its own KeyboardInterrupt traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if initializer is not None:
+        initializer(*initargs)
+
+
+@contextlib.contextmanager
+def ctrl_c_deferred():
+    """Hold a Ctrl-C that arrives inside the block and raise it as KeyboardInterrupt once the block is done, so a
+    pool is never left half started or half ended. Only the main thread receives signals; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    caught = []
+    signal.signal(signal.SIGINT, lambda number, frame: caught.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if caught:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def worker_pool(workers: int, initializer=None, initargs: tuple = ()):
+    """A multiprocessing Pool of `workers` processes that ignore Ctrl-C, ended (terminated and joined) on leaving
+    the block whatever happens, with a Ctrl-C during its start or its end raised after them.
+
+        with worker_pool(4, initializer=load, initargs=(tokenizer,)) as pool:
+            results = pool.map(encode, chunks)
+    """
+    pool = None
+    try:
+        with ctrl_c_deferred():
+            pool = process_context().Pool(workers, initializer=_ignore_ctrl_c, initargs=(initializer, initargs))
+        yield pool
+    finally:
+        if pool is not None:
+            with ctrl_c_deferred():
+                pool.terminate()
+                pool.join()

@@ -3,6 +3,7 @@
 Texts are cut into ordered chunks of about equal size, several per worker to
 even out the load; each chunk is encoded in one call (one piece cache).
 Small batches stay in this thread: starting workers costs more than it saves.
+Worker processes ignore Ctrl-C; this process ends them (gptlab.runtime.processes.worker_pool).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from gptlab.runtime import default_workers, process_context
+from gptlab.runtime import default_workers
+from gptlab.runtime.processes import worker_pool
 
 PARALLEL_MIN_CHARS = 1 << 20  # processes: below this, starting them costs more than it saves
 THREAD_MIN_CHARS = 1 << 16  # threads start for free, but a tiny batch is not worth splitting
@@ -57,6 +59,6 @@ def encode_batch(tokenizer, texts: Sequence[str], *, workers, allowed_special, d
                 pool.map(lambda chunk: tokenizer.encode_many(chunk, allowed_special=allowed, disallowed_special=disallowed), chunks)
             )
     else:
-        with process_context().Pool(workers, initializer=_init, initargs=(tokenizer,)) as pool:
+        with worker_pool(workers, initializer=_init, initargs=(tokenizer,)) as pool:
             results = pool.map(_encode_chunk, [(chunk, allowed, disallowed) for chunk in chunks])
     return [ids for chunk in results for ids in chunk]

@@ -39,7 +39,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from gptlab.runtime import GptlabError, default_workers, process_context
+from gptlab.runtime import GptlabError, default_workers
+from gptlab.runtime.processes import worker_pool
 from gptlab.tokenizer import native
 from gptlab.tokenizer.patterns import compile_pattern, split_stable
 from gptlab.tokenizer.specials import SpecialMatcher
@@ -210,7 +211,7 @@ def _count_all(
                 while pending:
                     add(*pending.popleft().result())
         elif parallel:
-            with process_context().Pool(workers) as pool:
+            with worker_pool(workers) as pool:  # workers leave Ctrl-C to this process, which ends them
                 for counts, n_bytes in pool.imap_unordered(count, tasks):
                     add(counts, n_bytes)
         else:
