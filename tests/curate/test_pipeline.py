@@ -300,6 +300,19 @@ def test_curate_resumes_a_project_moved_whole(crawl, tmp_path, capsys):
     assert "holds this curation, finished" in capsys.readouterr().out
 
 
+def test_curate_resumes_a_folder_made_when_inputs_were_recorded_absolute(crawl, tmp_path, capsys):
+    """A folder from before relative inputs (its marker holds absolute paths) resumes on the same files, not refused."""
+    out = tmp_path / "out"
+    assert main(["data", "curate", str(crawl[0]), "--out", str(out), "--workers", "1"]) == 0
+    marker = out / "gptlab_run.json"
+    record = json.loads(marker.read_text())
+    record["config"]["inputs"] = [str(crawl[0].absolute())]
+    marker.write_text(json.dumps(record))
+    capsys.readouterr()
+    assert main(["data", "curate", str(crawl[0]), "--out", str(out)]) == 0
+    assert "holds this curation, finished" in capsys.readouterr().out
+
+
 def test_curate_help_describes_every_option(capsys):
     with pytest.raises(SystemExit):
         main(["data", "curate", "--help"])

@@ -29,7 +29,7 @@ from gptlab.curate.document import Document, StageStats
 from gptlab.curate.readers import expand_inputs, read_documents
 from gptlab.runtime import GptlabError, atomic_write, atomic_write_text, read_json
 from gptlab.runtime.processes import default_workers, worker_pool
-from gptlab.runtime.rundir import claim_run_folder
+from gptlab.runtime.rundir import claim_run_folder, read_marker
 
 WORK = "work"
 SHARDS = "shards"
@@ -47,7 +47,7 @@ def curate(inputs: list[str], out: str | os.PathLike, config: CurateConfig, *, w
     build_stages(config)  # a bad config (a missing classifier file, ...) fails here, before the folder is claimed
     for path in files:
         probe(path, config)
-    record = {"inputs": relative_inputs(files, out), "config": dataclasses.asdict(config)}
+    record = {"inputs": recorded_inputs(files, out), "config": dataclasses.asdict(config)}
     folder = claim_run_folder(out, command="data curate", config=record, ours=CURATE_FILES, force=force, free=["workers"])
     if folder.status == "resume" and (out / "report.json").is_file() and not (out / WORK).exists():
         log(f"{out} holds this curation, finished: its report follows (--force starts over)")
@@ -81,6 +81,16 @@ def probe(path: Path, config: CurateConfig) -> None:
     reader = read_documents(path, text_field=config.text_field, id_field=config.id_field)
     next(reader, None)  # raises, naming the file, where it gives no document
     reader.close()
+
+
+def recorded_inputs(files: list[Path], out: Path) -> list[str]:
+    """The inputs as the folder records them: relative (below); a folder made before inputs were recorded relative
+    holds them absolute, and these same files, named so, resume it rather than read as other settings."""
+    marker = read_marker(Path(out)) or {}
+    earlier = (marker.get("config") or {}).get("inputs")
+    if earlier == [str(path.absolute()) for path in files]:
+        return earlier
+    return relative_inputs(files, out)
 
 
 def relative_inputs(files: list[Path], out: Path) -> list[str]:
