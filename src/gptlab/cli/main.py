@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import signal
 import sys
 
 from gptlab.runtime import GptlabError
@@ -95,6 +96,15 @@ def _unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return run_command(argv)
+    finally:
+        if argv is None:  # the command line's own run is over: a Ctrl-C while the interpreter exits changes nothing
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def run_command(argv: list[str] | None) -> int:
+    """Parse and run one command: its exit code, with user errors and Ctrl-C as one line each."""
     prepare_wait_policy()  # before torch loads: libgomp reads it once
     try:
         parser = build_parser()  # imports torch and every stage: seconds in which a Ctrl-C is likely
