@@ -29,6 +29,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from .configuration_gptlab import GptlabConfig
 
 TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
+# transformers 5.24 renamed the cache `past_key_values` -> `cache`, in the outputs and in what generate() passes
+CACHE_FIELD = "cache" if "cache" in getattr(CausalLMOutputWithPast, "__dataclass_fields__", {}) else "past_key_values"
 
 
 class GptlabRMSNorm(nn.Module):
@@ -191,8 +193,9 @@ class GptlabForCausalLM(GptlabPreTrainedModel, GenerationMixin):
         self.lm_head = value
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, inputs_embeds=None,
-                labels=None, use_cache=None, logits_to_keep=0, return_dict=None, **kwargs) -> CausalLMOutputWithPast:
+                labels=None, use_cache=None, logits_to_keep=0, return_dict=None, cache=None, **kwargs) -> CausalLMOutputWithPast:
         """Logits (B, T, vocab_size) of input_ids (B, T); with labels, the mean next-token cross-entropy (labels shifted here)."""
+        past_key_values = cache if past_key_values is None else past_key_values  # either name (CACHE_FIELD)
         x = self.transformer["wte"](input_ids) if inputs_embeds is None else inputs_embeds
         B, T = x.shape[:2]
         use_cache = use_cache if use_cache is not None else (getattr(self.config, "use_cache", True) and not self.training)
@@ -222,7 +225,7 @@ class GptlabForCausalLM(GptlabPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1).to(logits.device))
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values if use_cache else None)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: past_key_values if use_cache else None})
 
     def _layer_masks(self, attention_mask, B: int, T: int, S: int, device) -> list:
         """Per layer, a bool mask (B|1, 1, T, S), True = may attend, or None for plain causal attention.
