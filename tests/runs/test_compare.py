@@ -63,3 +63,47 @@ def test_flops_need_the_runs_model_config(two_runs, tmp_path):
     with pytest.raises(GptlabError, match="no train_config.json with a model config, so its FLOPs are unknown"):
         compare_runs([folder], out_png=tmp_path / "flops.png", x="flops")
     assert not (tmp_path / "flops.png").exists()
+
+
+def one_record_run(folder, **record):
+    """A run folder whose metrics log holds one record: a run stopped after its first logged step."""
+    folder.mkdir()
+    (folder / "metrics.jsonl").write_text(json.dumps({"step": 1, "tokens": 128, "elapsed": 0.5, **record}) + "\n")
+    return folder
+
+
+def test_compare_draws_a_run_of_one_point_as_a_visible_marker(two_runs, tmp_path):
+    from gptlab.runs.compare import comparison_figure
+    from gptlab.runs.plots import pyplot
+
+    single = one_record_run(tmp_path / "single", loss=3.5, val_bpb=2.25)
+    figure = comparison_figure([load_run(two_runs["short"][0]), load_run(single)], "step")
+    try:
+        loss_axis, bpb_axis = figure.axes
+        for axis, value in ((loss_axis, 3.5), (bpb_axis, 2.25)):
+            lines = {line.get_label(): line for line in axis.get_lines()}
+            dot = lines[str(single)]
+            assert dot.get_xydata().tolist() == [[1.0, value]]
+            assert dot.get_marker() not in ("None", None, "", " ") and dot.get_markersize() > 0  # a line of one point is invisible
+        assert loss_axis.get_lines()[0].get_marker() == "None"  # the curves of many points stay lines
+    finally:
+        pyplot().close(figure)
+
+
+@pytest.mark.parametrize("name, content, line", [
+    ("metrics.jsonl", b'{"step": 1, "loss": 3.0}\n\n{"step": 2, "loss": 2.9, "note": "caf\xe9"}\n', 3),
+    ("samples.jsonl", b'{"step": 1, "text": "\xff\xfe"}\n', 1),
+])
+def test_compare_names_the_file_and_line_of_bytes_that_are_not_utf8(tmp_path, name, content, line):
+    folder = one_record_run(tmp_path / "run", loss=3.0)
+    (folder / name).write_bytes(content)
+    with pytest.raises(GptlabError) as error:
+        compare_runs([folder])
+    assert str(error.value).startswith(f"{folder / name} line {line} is not UTF-8 text (byte 0x")
+
+
+def test_metrics_damage_names_the_files_own_line_past_blank_lines(tmp_path):
+    folder = one_record_run(tmp_path / "run", loss=3.0)
+    (folder / "metrics.jsonl").write_text('{"step": 1, "loss": 3.0}\n\n\n{"step": 2, oops}\n{"step": 3, "loss": 2.8}\n')
+    with pytest.raises(GptlabError, match=r"metrics.jsonl line 4 is not JSON; the metrics log is damaged"):
+        compare_runs([folder])

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from gptlab.cli.main import main
 from gptlab.model import GPT
 from gptlab.runtime import GptlabError
 from gptlab.scaling.sweep import SweepConfig, budget_label, plan, read_rows, run_sweep
 from gptlab.train import Trainer
+from tests.conftest import with_ctrl_c
 from tests.train.conftest import tiny_config
 
 SIZES = ("1x16", "1x32", "2x32")
@@ -68,7 +70,8 @@ def test_plan_keeps_only_the_tokens_per_param_window(prepared, tmp_path):
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"budgets": (1e7,)}, "only 1 step of 128 tokens"),
+    ({"budgets": (1e7,)}, r"3 of 3 grid points train fewer than --min-steps 5 steps of 128 tokens: c1e7-1x16 \(1 step, needs a "
+                          r"budget of 4\.7e7\), c1e7-1x32 \(0 steps"),
     ({"sizes": ("3x20",)}, "multiple of the head size"),
     ({"sizes": ("huge",)}, "unknown size 'huge'"),
     ({"budgets": (-1.0,)}, "must be positive"),
@@ -79,6 +82,36 @@ def test_plan_keeps_only_the_tokens_per_param_window(prepared, tmp_path):
 def test_plan_refuses_bad_grids_in_one_line(prepared, tmp_path, changes, message):
     with pytest.raises(GptlabError, match=message):
         plan(base_config(prepared), small_sweep(**changes), tmp_path)
+
+
+def test_plan_allowing_short_points_keeps_the_whole_grid_with_their_true_steps(prepared, tmp_path):
+    from gptlab.scaling.sweep import refuse_short, short_points
+
+    base, sweep = base_config(prepared), small_sweep(min_steps=20)
+    points = plan(base, sweep, tmp_path, allow_short=True)
+    assert [p.name for p in points] == [p.name for p in plan(base, small_sweep(), tmp_path)]  # nothing dropped
+    for point in points:  # the steps that spend the budget, as a grid of runnable points computes them
+        assert point.steps == round(point.budget / (6 * point.params["total"]) / base.batch_tokens) == point.config.max_steps
+    short = short_points(points, sweep)
+    assert [p.name for p in short] == [p.name for p in points if p.steps < 20] and 0 < len(short) < len(points)
+    with pytest.raises(GptlabError, match=f"^{len(short)} of 6 grid points train fewer than --min-steps 20") as error:
+        refuse_short(points, sweep)
+    assert all(p.name in str(error.value) for p in short)
+    with pytest.raises(GptlabError, match=f"^{len(short)} of 6 grid points"):
+        plan(base, sweep, tmp_path)
+
+
+def test_read_rows_names_the_results_files_own_line(tmp_path):
+    path = tmp_path / "results.jsonl"
+    path.write_text('{"run": "a"}\n\n{"run": "b"}\n{"run": "c"}\n\n{"run": "d", oops}\n')
+    with pytest.raises(GptlabError, match=r"results.jsonl line 6 is not JSON \(Expecting property name"):
+        read_rows(path)
+    path.write_bytes(b'{"run": "a"}\n{"run": "caf\xe9"}\n')  # latin-1
+    with pytest.raises(GptlabError, match=r"results.jsonl line 2 is not UTF-8 text \(byte 0xe9\); it is not a sweep's results"):
+        read_rows(path)
+    path.write_text('{"run": "a"}\n[1, 2]\n')
+    with pytest.raises(GptlabError, match=r"results.jsonl line 2 is not a row \(a JSON object\)"):
+        read_rows(path)
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +239,84 @@ def test_slurm_script_runs_one_grid_point_per_array_task(prepared, tmp_path, mon
     subprocess.run(["bash", "-n", "s/sweep.sbatch"], check=True)
     subprocess.run(["bash", "s/sweep.sbatch"], check=True, capture_output=True, env={**ONE_THREAD, "SLURM_ARRAY_TASK_ID": "2"})
     assert [row["run"] for row in read_rows(tmp_path / "s")] == ["c4e8-2x32"]
+
+
+# A sweep that Ctrl-C stops at a chosen moment: SIGINT sent to itself just before a step of run_sweep (the handler
+# raises KeyboardInterrupt at once), or inside the second run's training at its step 3.
+CTRL_C_SWEEP = """
+import os, signal, sys
+from gptlab.cli.main import main
+from gptlab.scaling import sweep
+from gptlab.train.trainer import Trainer
+
+moment = sys.argv[1]
+
+def ctrl_c():
+    os.kill(os.getpid(), signal.SIGINT)
+
+if moment == "training":
+    real_step = Trainer._train_step
+    def step(self):
+        if self.config.out.endswith("1x32") and self.state.step == 3:
+            ctrl_c()
+        return real_step(self)
+    Trainer._train_step = step
+else:
+    real = getattr(sweep, moment)
+    def hooked(*args, **kwargs):
+        ctrl_c()
+        return real(*args, **kwargs)
+    setattr(sweep, moment, hooked)
+sys.exit(main(sys.argv[2:]))
+"""
+CTRL_C_GRID = {"budgets": ("2e8",), "sizes": ("1x16", "1x32")}  # 13 then 6 steps
+
+
+@pytest.fixture(scope="module")
+def straight_rows(prepared, tmp_path_factory):
+    """The rows of the Ctrl-C tests' grid, swept without interruption."""
+    out = tmp_path_factory.mktemp("straight") / "sweep"
+    assert main(_cli_sweep(prepared, out, **CTRL_C_GRID)[3:]) == 0
+    return [{k: v for k, v in row.items() if k != "seconds"} for row in read_rows(out)]
+
+
+def interrupted_then_resumed(prepared, out: Path, run, straight_rows) -> str:
+    """`run` (a subprocess.run of the sweep) is interrupted: exit 130, one line, no traceback; the same command then
+    finishes the sweep with the rows of an uninterrupted one. Returns the interrupted run's stdout."""
+    result = run(_cli_sweep(prepared, out, **CTRL_C_GRID))
+    assert result.returncode == 130, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == "gptlab: interrupted" and "Traceback" not in result.stderr, result.stderr
+    assert main(_cli_sweep(prepared, out, **CTRL_C_GRID)[3:]) == 0
+    assert [{k: v for k, v in row.items() if k != "seconds"} for row in read_rows(out)] == straight_rows
+    return result.stdout
+
+
+@pytest.mark.parametrize("moment", ["check_point", "claim_sweep", "training", "write_row", "write_results"])
+def test_sweep_ctrl_c_at_any_moment_exits_130_in_one_line_and_the_same_command_resumes(prepared, tmp_path, straight_rows, moment):
+    def run(command):
+        return subprocess.run([sys.executable, "-c", CTRL_C_SWEEP, moment, *command[3:]], capture_output=True, text=True,
+                              env=ONE_THREAD, timeout=300, preexec_fn=with_ctrl_c)
+
+    stdout = interrupted_then_resumed(prepared, tmp_path / "s", run, straight_rows)
+    if moment == "check_point":
+        assert "[1/2]" not in stdout  # stopped before any folder was claimed
+    if moment == "training":
+        assert "interrupted at step 3: saving a checkpoint" in stdout and "[2/2] c2e8-1x32" in stdout
+
+
+def test_sweep_ctrl_c_from_outside_after_each_delay_exits_130_and_resumes(prepared, tmp_path, straight_rows):
+    """A real Ctrl-C sent by another process as the first run starts, and as it trains (between runs: above)."""
+    for number, wait_for in enumerate(("[1/2]", f"step {4:>6}/13")):
+        def run(command, wait_for=wait_for):
+            child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**ONE_THREAD, "PYTHONUNBUFFERED": "1"}, preexec_fn=with_ctrl_c)
+            seen = ""
+            while wait_for not in seen:  # reading its output: the signal comes at a moment of the run, not a time
+                line = child.stdout.readline()
+                assert line, f"the sweep ended before {wait_for!r}: {seen}{child.stderr.read()}"
+                seen += line
+            child.send_signal(signal.SIGINT)
+            stdout, stderr = child.communicate(timeout=300)
+            return subprocess.CompletedProcess(command, child.returncode, seen + stdout, stderr)
+
+        interrupted_then_resumed(prepared, tmp_path / f"s{number}", run, straight_rows)

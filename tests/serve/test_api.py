@@ -260,3 +260,99 @@ def test_ignore_eos_generates_exactly_max_tokens(server, served):
                                                extra_body={"ignore_eos": True})
     expected, count = reference(served, tokenizer.encode_ordinary("ROMEO:"), 60, ())
     assert (answer.choices[0].text, answer.usage.completion_tokens, count) == (expected, 60, 60)
+
+
+# ---------------------------------------------------------------- model names, empty keys, the access log
+
+
+def test_an_unknown_model_is_404_model_not_found_as_openai_answers(server):
+    api = client(server)
+    with pytest.raises(openai.NotFoundError) as chat:
+        api.chat.completions.create(model="gpt-4o", messages=USER, max_tokens=3)
+    with pytest.raises(openai.NotFoundError) as stream:
+        list(api.completions.create(model="tiny-chat-2", prompt="ROMEO:", max_tokens=3, stream=True))
+    for error, name in ((chat.value, "gpt-4o"), (stream.value, "tiny-chat-2")):
+        assert error.status_code == 404 and error.code == "model_not_found" and error.param == "model"
+        assert error.body["type"] == "invalid_request_error" and f"the model '{name}' does not exist" in error.body["message"]
+        assert "'tiny-chat'" in error.body["message"]  # and which one it serves
+    status, body = server.request("POST", "/v1/completions", {"model": "", "prompt": "ROMEO:", "max_tokens": 2})
+    assert status == 404 and set(body["error"]) == {"message", "type", "param", "code"}
+    served_id = api.models.list().data[0].id
+    assert api.completions.create(model=served_id, prompt="ROMEO:", max_tokens=2).choices  # the id /v1/models lists
+    status, body = server.request("POST", "/v1/completions", {"prompt": "ROMEO:", "max_tokens": 2})
+    assert status == 200 and body["model"] == served_id  # no model field: the one served, as a single-model server
+
+
+@pytest.mark.parametrize("key, message", [("", "--api-key is empty"), ("  ", "--api-key is empty"),
+                                          (" sesame", "--api-key has spaces around it")])
+def test_an_empty_or_padded_api_key_is_refused_when_the_app_is_built(served, key, message):
+    from gptlab.infer import Engine, EngineConfig
+    from gptlab.runtime import GptlabError
+    from gptlab.serve.app import build_app
+
+    model, tokenizer, chat_format = served
+    with Engine(model, EngineConfig(slots=1)) as engine, pytest.raises(GptlabError, match=message):
+        build_app(engine, tokenizer, chat_format, "tiny-chat", api_key=key)
+
+
+class Lines:
+    """The access log's lines, written from the server's thread; `wait_for` waits (not times) until n have come."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.changed = threading.Condition()
+
+    def __call__(self, line: str) -> None:
+        with self.changed:
+            self.lines.append(line)
+            self.changed.notify_all()
+
+    def wait_for(self, count: int) -> list[str]:
+        with self.changed:
+            assert self.changed.wait_for(lambda: len(self.lines) >= count, timeout=60), self.lines
+            return list(self.lines)
+
+
+ACCESS_LINE = r'127\.0\.0\.1:\d+ "(?P<request>[A-Z]+ \S+)" (?P<status>\d{3}) (?P<seconds>\d+\.\d{3})s(?: tokens (?P<tokens>\d+\+\d+))?$'
+
+
+def test_access_log_has_one_line_per_request_with_status_duration_and_tokens(served):
+    import re
+
+    log = Lines()
+    live = start_server(served, access_log=log, api_key="sesame")
+    try:
+        api = client(live, "sesame")
+        answer = api.chat.completions.create(model="tiny-chat", messages=USER, temperature=0, max_tokens=7)
+        log.wait_for(1)  # each line is written once its response has ended: waited for, so the order is the requests'
+        chunks = list(api.completions.create(model="tiny-chat", prompt="ROMEO:", max_tokens=5, temperature=0, stream=True,
+                                             stream_options={"include_usage": True}))
+        log.wait_for(2)
+        with pytest.raises(openai.AuthenticationError):
+            client(live, "wrong").models.list()
+        log.wait_for(3)
+        with pytest.raises(openai.NotFoundError):
+            api.chat.completions.create(model="other", messages=USER)
+        log.wait_for(4)
+        live.request("POST", "/v1/completions", {"prompt": "x" * MAX_REQUEST_BYTES})
+        log.wait_for(5)
+        live.request("GET", "/health?probe=1")
+        lines = log.wait_for(6)
+    finally:
+        live.stop()
+    matches = [re.match(ACCESS_LINE, line) for line in lines]
+    assert all(matches), lines
+    usage = [answer.usage, chunks[-1].usage]
+    assert [(m["request"], m["status"], m["tokens"]) for m in matches] == [
+        ("POST /v1/chat/completions", "200", f"{usage[0].prompt_tokens}+{usage[0].completion_tokens}"),
+        ("POST /v1/completions", "200", f"{usage[1].prompt_tokens}+{usage[1].completion_tokens}"),  # a stream's, once it ended
+        ("GET /v1/models", "401", None), ("POST /v1/chat/completions", "404", None),
+        ("POST /v1/completions", "413", None), ("GET /health?probe=1", "200", None)]
+    assert usage[0].completion_tokens > 0 and usage[1].completion_tokens == 5
+
+
+def test_access_line_escapes_control_characters_a_client_sends():
+    from gptlab.serve.access import access_line
+
+    scope = {"client": ("10.0.0.1", 5), "method": "GET", "path": "/a\nb", "query_string": b"q=\x1b[31m"}
+    assert access_line(scope, 404, 0.25, {}) == '10.0.0.1:5 "GET /a\\nb?q=\\x1b[31m" 404 0.250s'

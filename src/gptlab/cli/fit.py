@@ -18,6 +18,8 @@ FIT_FILES = ("fit.json", "fit.txt", "isoflops.png", "power_laws.png", "parametri
 
 
 def register(stages) -> None:
+    from gptlab.cli.sweep import take_negative_numbers
+
     parser = stages.add_parser("fit", help="fit scaling laws to a sweep: IsoFLOP minima, power laws, L(N, D), predictions",
                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", metavar="RESULTS", help="a sweep folder (made by `gptlab sweep`) or its results.jsonl")
@@ -30,6 +32,7 @@ def register(stages) -> None:
     parser.add_argument("--samples", type=int, default=500, help="bootstrap resamples for the intervals (default 500: about 30 s for 12 runs)")
     parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed")
     parser.set_defaults(handler=run)
+    take_negative_numbers(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,18 +44,19 @@ def run(args: argparse.Namespace) -> int:
     from gptlab.scaling.fit import fit_results, summary
     from gptlab.scaling.sweep import read_rows
 
+    given = _numbers(args.target, "--target") if args.target else None  # the flags first: cheap, and not the results' fault
+    if args.samples < 0:
+        raise GptlabError(f"--samples must be 0 or more, got {args.samples}")
     source = Path(args.results)
     if not source.exists():
         raise GptlabError(f"{source} does not exist; pass a sweep folder (made by `gptlab sweep`) or its results.jsonl")
     out = Path(args.out) if args.out else (source / "fit" if source.is_dir() else source.parent / "fit")
     check_out_dir(out, FIT_FILES)
-    if args.samples < 0:
-        raise GptlabError(f"--samples must be 0 or more, got {args.samples}")
     rows = read_rows(source)
-    counts = {row.get("count") for row in rows if row.get("count")}
+    counts = {row.get("count") for row in rows if isinstance(row.get("count"), str)}
     count = args.count or (counts.pop() if len(counts) == 1 else "total")
-    budgets = [row["budget"] for row in rows if row.get("status") == "finished"]
-    targets = _numbers(args.target, "--target") if args.target else tuple(max(budgets) * f for f in (10, 1000)) if budgets else ()
+    budgets = [row.get("budget") for row in rows if row.get("status") == "finished" and isinstance(row.get("budget"), (int, float))]
+    targets = given if given is not None else tuple(max(budgets) * f for f in (10, 1000)) if budgets else ()
     fit = fit_results(rows, count=count, loss=args.loss, targets=targets, samples=args.samples, seed=args.seed)
     fit["results"] = str(source)
     text = summary(fit)

@@ -3,7 +3,8 @@
 Binds the loopback address unless --host says otherwise (then warns when there is
 no --api-key: anyone who can reach the port can use the model). The port is bound
 here before uvicorn starts, so a port in use is one error line. Ctrl-C stops the
-server cleanly. The app itself is gptlab.serve.app.
+server cleanly. Each request is logged to stderr in one line (gptlab.serve.access)
+unless --no-access-log. The app itself is gptlab.serve.app.
 """
 
 from __future__ import annotations
@@ -24,12 +25,16 @@ def register(stages) -> None:
     add_model_argument(parser, positional=True)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    parser.add_argument("--api-key", metavar="KEY", help="require `Authorization: Bearer KEY` on /v1 (default: no key)")
+    parser.add_argument("--api-key", metavar="KEY", help="require `Authorization: Bearer KEY` on /v1 (default: no key; "
+                        "an empty KEY is refused)")
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
     parser.add_argument("--slots", type=positive, default=8, metavar="N", help="requests decoded together (default 8)")
     parser.add_argument("--max-tokens-limit", type=positive, default=4096, metavar="N", help="largest max_tokens a request may ask")
     parser.add_argument("--max-request-bytes", type=positive, default=1_000_000, metavar="N", help="largest request body")
-    parser.add_argument("--name", help="model name the API reports (default: the MODEL argument)")
+    parser.add_argument("--name", help="model name the API reports, and the only `model` requests may name (default: "
+                        "the MODEL argument)")
+    parser.add_argument("--no-access-log", action="store_true",
+                        help="do not print a line per request to stderr (client, method, path, status, seconds, tokens)")
     parser.add_argument("--tokenizer", "-t", metavar="DIR|NAME", help="tokenizer folder or name (default: the model's own)")
     parser.set_defaults(handler=run_serve)
 
@@ -55,10 +60,11 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from gptlab.chat import ChatFormat
     from gptlab.infer import Engine, EngineConfig
-    from gptlab.serve.app import build_app
+    from gptlab.serve.app import build_app, check_api_key
 
     if not 0 <= args.port <= 65535:
         raise GptlabError(f"--port must be in 0..65535, got {args.port}")
+    check_api_key(args.api_key)  # before the model loads: an unset $KEY is refused at once
     sock = bind(args.host, args.port)
     try:
         model, path = load_model_from(args.checkpoint, device=pick_device(args.device))
@@ -73,7 +79,8 @@ def run_serve(args: argparse.Namespace) -> int:
         raise
     try:
         app = build_app(engine, tokenizer, chat_format, args.name or args.checkpoint, api_key=args.api_key,
-                        max_request_bytes=args.max_request_bytes, max_tokens_limit=args.max_tokens_limit)
+                        max_request_bytes=args.max_request_bytes, max_tokens_limit=args.max_tokens_limit,
+                        access_log=None if args.no_access_log else say)
         port = sock.getsockname()[1]
         shown = f"[{args.host}]" if ":" in args.host else args.host
         say(f"gptlab serve: {args.checkpoint} ({'chat' if chat_format else 'completions only'}, {args.slots} slots)")

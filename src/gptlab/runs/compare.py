@@ -104,7 +104,12 @@ def check_out_png(path: Path, force: bool) -> None:
 
 
 def plot_comparison(runs: list[RunRecord], x: str) -> bytes:
-    """Train loss and val bits per byte of every run against `x`, side by side."""
+    """Train loss and val bits per byte of every run against `x`, side by side, as PNG bytes."""
+    return png_bytes(comparison_figure(runs, x), software=SOFTWARE)
+
+
+def comparison_figure(runs: list[RunRecord], x: str):
+    """The comparison's matplotlib figure (the caller closes it; png_bytes does)."""
     figure, axes = subplots(1, 2, width=6.0, height=4.0)
     for axis, key, marker in ((axes[0][0], "loss", "-"), (axes[0][1], "val_bpb", "o-")):
         if drawn := draw(axis, runs, key, x, marker=marker):
@@ -112,7 +117,7 @@ def plot_comparison(runs: list[RunRecord], x: str) -> bytes:
             axis.legend(fontsize=8)
         else:
             nothing_logged(axis, f"no {'val bits per byte' if key == 'val_bpb' else 'train loss'} logged")
-    return png_bytes(figure, software=SOFTWARE)
+    return figure
 
 
 def compare_runs(run_dirs: list[str | os.PathLike], out_png: str | os.PathLike | None = None, x: str = "step",

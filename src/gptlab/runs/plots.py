@@ -64,7 +64,8 @@ def draw(axis, runs: list[RunRecord], key: str, x: str = "step", *, label: str |
         xs, ys = run.series(key, x)
         if ys:
             xs = [value / divide for value in xs]
-            axis.plot(xs, ys, marker, label=label or run.name, linewidth=1.2, markersize=4)
+            style = marker if len(ys) > 1 else "o"  # a line through one point draws nothing: a run of one record is a dot
+            axis.plot(xs, ys, style, label=label or run.name, linewidth=1.2, markersize=4)
             drawn.append((xs, ys))
     axis.set_xlabel(AXIS_LABELS[x] + (f" ({unit})" if unit else ""))
     axis.set_ylabel(LABELS.get(key, key))

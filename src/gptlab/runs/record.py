@@ -120,17 +120,32 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of `path`. Other bytes (a binary or latin-1 file) are one GptlabError naming the file and
+    line, since Python's own message ("'utf-8' codec can't decode byte 0xe9 in position 12") names neither."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise GptlabError(f"{path} line {line} is not UTF-8 text (byte {data[error.start]:#04x}); {what}") from None
+
+
 def read_metrics(path: Path) -> list[dict]:
     """metrics.jsonl's records. A cut-off last line (a crash mid-write) is left out; damage elsewhere is an error."""
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    damaged = "the metrics log is damaged"
+    numbered = [(number, line) for number, line in enumerate(read_text(path, damaged).splitlines(), 1) if line.strip()]
     records = []
-    for number, line in enumerate(lines, 1):
+    for index, (number, line) in enumerate(numbered):
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
-            if number == len(lines):
+            if index == len(numbered) - 1:
                 break
-            raise GptlabError(f"{path} line {number} is not JSON; the metrics log is damaged") from None
+            raise GptlabError(f"{path} line {number} is not JSON; {damaged}") from None
+        if not isinstance(record, dict):
+            raise GptlabError(f"{path} line {number} is not a record (a JSON object); {damaged}")
+        records.append(record)
     return records
 
 

@@ -29,8 +29,10 @@ def read_samples(out: str | os.PathLike) -> list[dict]:
     path = Path(out) / SAMPLES_FILE
     if not path.is_file():
         return []
+    from gptlab.runs.record import read_text  # record reads samples: imported here, not at the top
+
     samples = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in read_text(path, "the samples log is damaged").splitlines():
         try:
             samples.append(json.loads(line))
         except json.JSONDecodeError:

@@ -109,9 +109,15 @@ def _check_fields(finished: list[dict], count: str, loss: str) -> None:
         fix = f"pass --loss {others[0]}" if others else f"choose a loss every run recorded ({', '.join(LOSSES)})"
         raise GptlabError(f"{len(missing)} of {len(finished)} finished runs have no {loss!r} (first: {missing[0]}); {fix}")
     for row in finished:
-        if (row.get("params") or {}).get(count) is None:
-            raise GptlabError(f"run {row.get('run')} has no params[{count!r}] (it has {sorted(row.get('params') or {})}); "
+        params = row.get("params") if isinstance(row.get("params"), dict) else {}
+        if params.get(count) is None:
+            raise GptlabError(f"run {row.get('run')} has no params[{count!r}] (it has {sorted(params)}); "
                               f"pass a count it has: {', '.join(COUNTS)}")
+        for name, value in (("budget", row.get("budget")), ("tokens", row.get("tokens")), (loss, row[loss]),
+                            (f"params[{count!r}]", params[count])):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):  # else float() fails with no run named
+                raise GptlabError(f"run {row.get('run', '?')} is marked finished but its {name} is {value!r}, not a number; "
+                                  "mark it failed or remove it from the results")
 
 
 def best_over_lrs(runs: Runs) -> Runs:

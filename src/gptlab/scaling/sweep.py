@@ -10,7 +10,9 @@ choose its convention afterwards.
 
 A size is a depth ("4": nanochat's shape, gptlab.train.config.depth_model), a shape ("3x192": layers x width,
 heads of --head-dim) or a model preset name ("gpt2-mini"). Every size takes the depth dial's lr rule
-(sqrt(base width / width) x the base lr), times each of `lr_scales`.
+(sqrt(base width / width) x the base lr), times each of `lr_scales`. A grid with points of fewer than
+`min_steps` steps is refused, every such point named in one line; `plan(allow_short=True)` keeps them (a dry
+run shows them marked).
 
     OUT/gptlab_run.json          the sweep's claim: its base training config (the grid may grow between calls)
     OUT/runs/NAME/               one `gptlab train` run folder per grid point (checkpoints, metrics, report)
@@ -41,6 +43,7 @@ from gptlab.data.shards import read_manifest
 from gptlab.model import preset
 from gptlab.model.accounting import PARAM_CONVENTIONS, flops_per_token, scaling_params
 from gptlab.model.config import PRESETS as MODEL_PRESETS
+from gptlab.runs.record import read_text
 from gptlab.runtime import GptlabError, atomic_write_text, read_json
 from gptlab.runtime.device import init_runtime
 from gptlab.runtime.rundir import claim_run_folder
@@ -92,10 +95,11 @@ class GridPoint:
     config: TrainConfig
     params: dict[str, int]  # N under every convention
     flops_per_token: dict[str, int]
+    steps: int  # the steps that spend the budget: config.max_steps, unless fewer than 1 (a point too short to run)
 
     @property
     def tokens(self) -> int:
-        return self.config.max_steps * self.config.batch_tokens
+        return self.steps * self.config.batch_tokens
 
 
 def budget_label(value: float) -> str:
@@ -117,8 +121,9 @@ def size_model(base: TrainConfig, size: str, head_dim: int):
                       f"({', '.join(MODEL_PRESETS)})")
 
 
-def plan(base: TrainConfig, sweep: SweepConfig, out: str | Path) -> list[GridPoint]:
-    """Every grid point, budgets outermost, with the steps that spend its budget; refuses any that is too short."""
+def plan(base: TrainConfig, sweep: SweepConfig, out: str | Path, *, allow_short: bool = False) -> list[GridPoint]:
+    """Every grid point, budgets outermost, with the steps that spend its budget. Points with fewer than
+    --min-steps steps are refused (all of them in one line), unless `allow_short`: a dry run shows them marked."""
     out, points = Path(out), []
     for budget in sweep.budgets:
         for size in sweep.sizes:
@@ -127,20 +132,8 @@ def plan(base: TrainConfig, sweep: SweepConfig, out: str | Path) -> list[GridPoi
             steps = round(budget / (6 * params[sweep.count]) / base.batch_tokens)
             if not sweep.keeps(steps * base.batch_tokens, params[sweep.count]):
                 continue
-            if steps < sweep.min_steps:
-                least = 6 * params[sweep.count] * base.batch_tokens * sweep.min_steps
-                raise GptlabError(f"budget {budget:.3g} gives size {size} ({params[sweep.count]:,} {sweep.count} params) only {steps} step{'s' if steps != 1 else ''}"
-                                  f" of {base.batch_tokens:,} tokens (--min-steps {sweep.min_steps}); raise that budget to "
-                                  f"{least:.2g} or more, drop the size, or pass a smaller --batch-tokens")
             for lr_scale in sweep.lr_scales:
-                optimizer = scaled_optimizer(base, model)
-                optimizer = dataclasses.replace(optimizer, lr=optimizer.lr * lr_scale, embedding_lr=optimizer.embedding_lr * lr_scale,
-                                                head_lr=optimizer.head_lr * lr_scale)
-                name = f"c{budget_label(budget)}-{size}" + (f"-lr{lr_scale:g}" if lr_scale != 1 else "")  # scale 1 keeps its name: grids can grow
-                warmup = min(base.schedule.warmup_steps, max(1, steps // 10))
-                config = dataclasses.replace(base, model=model, optimizer=optimizer, max_steps=steps, out=str(out / "runs" / name),
-                                             schedule=dataclasses.replace(base.schedule, warmup_steps=warmup))
-                points.append(GridPoint(name, budget, size, lr_scale, config, params, flops_per_token(model, base.seq_len)))
+                points.append(_grid_point(base, sweep, out, budget, size, lr_scale, model, params, steps))
     if not points:
         raise GptlabError(f"no grid point has between {sweep.tokens_per_param[0]:g} and {sweep.tokens_per_param[1]:g} tokens per "
                           "parameter; widen --tokens-per-param or change the budgets or sizes")
@@ -148,7 +141,52 @@ def plan(base: TrainConfig, sweep: SweepConfig, out: str | Path) -> list[GridPoi
     if len(set(names)) < len(names):
         raise GptlabError(f"the grid names a run twice ({', '.join(sorted({n for n in names if names.count(n) > 1}))}); "
                           "list each budget, size and lr scale once")
+    if not allow_short:
+        refuse_short(points, sweep)
     return points
+
+
+def _grid_point(base: TrainConfig, sweep: SweepConfig, out: Path, budget: float, size: str, lr_scale: float, model, params,
+                steps: int) -> GridPoint:
+    """One run: the size's depth-dial lr times the scale, a schedule stretched to its steps, its own folder."""
+    optimizer = scaled_optimizer(base, model)
+    optimizer = dataclasses.replace(optimizer, lr=optimizer.lr * lr_scale, embedding_lr=optimizer.embedding_lr * lr_scale,
+                                    head_lr=optimizer.head_lr * lr_scale)
+    name = f"c{budget_label(budget)}-{size}" + (f"-lr{lr_scale:g}" if lr_scale != 1 else "")  # scale 1 keeps its name: grids can grow
+    runnable = max(steps, 1)  # a config needs a step; a point with none is only shown (and refused) by its `steps`
+    warmup = min(base.schedule.warmup_steps, max(1, runnable // 10))
+    config = dataclasses.replace(base, model=model, optimizer=optimizer, max_steps=runnable, out=str(out / "runs" / name),
+                                 schedule=dataclasses.replace(base.schedule, warmup_steps=warmup))
+    return GridPoint(name, budget, size, lr_scale, config, params, flops_per_token(model, base.seq_len), steps)
+
+
+def short_points(points: list[GridPoint], sweep: SweepConfig) -> list[GridPoint]:
+    """The points with fewer optimizer steps than --min-steps: too short to mean anything."""
+    return [point for point in points if point.steps < sweep.min_steps]
+
+
+def refuse_short(points: list[GridPoint], sweep: SweepConfig, shown: int = 4) -> None:
+    """One line naming every (budget, size) below --min-steps, the budget each needs, and the ways out."""
+    short = short_points(points, sweep)
+    if not short:
+        return
+    batch = short[0].config.batch_tokens
+    named: dict[str, str] = {}
+    for point in short:  # one entry per (budget, size): lr scales share the steps
+        least = _round_up(6 * point.params[sweep.count] * batch * sweep.min_steps)
+        named.setdefault(f"c{budget_label(point.budget)}-{point.size}",
+                         f"{point.steps} step{'s' if point.steps != 1 else ''}, needs a budget of {budget_label(least)}")
+    listed = [f"{name} ({why})" for name, why in list(named.items())[:shown]]
+    more = f" and {len(named) - shown} more" if len(named) > shown else ""
+    raise GptlabError(f"{len(short)} of {len(points)} grid points train fewer than --min-steps {sweep.min_steps} steps of "
+                      f"{batch:,} tokens: {', '.join(listed)}{more}; raise those budgets, drop those sizes, pass a smaller "
+                      "--batch-tokens or a lower --min-steps")
+
+
+def _round_up(value: float) -> float:
+    """`value` rounded up to 2 significant digits: 4.61e7 -> 4.7e7, a budget that is surely enough."""
+    unit = 10.0 ** (math.floor(math.log10(value)) - 1)
+    return math.ceil(value / unit) * unit
 
 
 def describe_plan(points: list[GridPoint], sweep: SweepConfig, train_tokens: int | None) -> str:
@@ -157,8 +195,9 @@ def describe_plan(points: list[GridPoint], sweep: SweepConfig, train_tokens: int
     for point in points:
         n = point.params[sweep.count]
         epochs = f"{point.tokens / train_tokens:.2f}" if train_tokens else "?"
-        lines.append(f"{point.name:<28} {n:>14,} {point.tokens:>12,} {point.tokens / n:>7.1f} {point.config.max_steps:>7,} "
-                     f"{6 * n * point.tokens:>9.3g} {epochs:>6}")
+        short = f"  < --min-steps {sweep.min_steps}" if point.steps < sweep.min_steps else ""
+        lines.append(f"{point.name:<28} {n:>14,} {point.tokens:>12,} {point.tokens / n:>7.1f} {point.steps:>7,} "
+                     f"{6 * n * point.tokens:>9.3g} {epochs:>6}{short}")
     return "\n".join(lines)
 
 
@@ -325,14 +364,33 @@ def read_rows(out: str | Path) -> list[dict]:
     """Every row under a sweep folder (rows/*.json), or the lines of a results.jsonl file."""
     path = Path(out)
     if path.is_file():
-        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        try:
-            return [json.loads(line) for line in lines]
-        except json.JSONDecodeError as error:
-            raise GptlabError(f"{path} is not a sweep's results file (JSON lines): {error}") from None
+        return _read_results_file(path)
     if not (path / "runs").is_dir():
         raise GptlabError(f"{path} is neither a sweep folder (made by `gptlab sweep`) nor a results.jsonl file")
-    return [read_json(row) for row in sorted((path / "rows").glob("*.json"))]
+    rows = []
+    for file in sorted((path / "rows").glob("*.json")):
+        row = read_json(file)
+        if not isinstance(row, dict):
+            raise GptlabError(f"{file} is not a sweep row (a JSON object); delete it and rerun the sweep to redo its run")
+        rows.append(row)
+    return rows
+
+
+def _read_results_file(path: Path) -> list[dict]:
+    """The rows of a results.jsonl, one JSON object a line (blank lines skipped); errors name the file's own line."""
+    what = "it is not a sweep's results file (JSON lines); pass the sweep folder or its results.jsonl"
+    rows = []
+    for number, line in enumerate(read_text(path, what).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise GptlabError(f"{path} line {number} is not JSON ({error.msg}, column {error.colno}); {what}") from None
+        if not isinstance(row, dict):
+            raise GptlabError(f"{path} line {number} is not a row (a JSON object); {what}")
+        rows.append(row)
+    return rows
 
 
 def write_results(out: Path, points: list[GridPoint]) -> None:

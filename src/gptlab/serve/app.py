@@ -6,15 +6,19 @@
     POST /v1/chat/completions   messages -> the assistant's reply (needs a tokenizer with the chat tokens)
     POST /v1/completions        prompt text (or texts, or token ids) -> its continuation
 
+A request's `model` must be the id /v1/models lists (or absent): another name is 404 `model_not_found`, as
+OpenAI and vLLM answer it, so a client pointed at the wrong server or model hears so instead of being
+answered by a model it did not ask for.
+
 Streaming answers are server-sent events, `data: {chunk}\\n\\n` in OpenAI's chunk
 format, ending with `data: [DONE]\\n\\n`. Every error is OpenAI's body
 `{"error": {"message", "type", "param", "code"}}` with a 4xx status: bad JSON,
 wrong types and out-of-range values are 400 (as OpenAI, not FastAPI's 422), a
-missing or wrong API key 401, a body over the size limit 413. A client that
+missing or wrong API key 401, an unknown model 404, a body over the size limit 413. A client that
 disconnects mid-stream cancels its generation, which frees its engine slot.
 
 Not here: the pieces of the request bodies (gptlab.serve.protocol), stop
-strings (gptlab.serve.stops), batching and sampling (gptlab.infer.engine), the
+strings (gptlab.serve.stops), the access log (gptlab.serve.access), batching and sampling (gptlab.infer.engine), the
 command line and uvicorn (gptlab.cli.serve).
 """
 
@@ -25,7 +29,7 @@ import hmac
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import anyio
@@ -37,6 +41,7 @@ from starlette.exceptions import HTTPException
 from gptlab.chat import ChatFormat
 from gptlab.infer import Engine, SamplingConfig
 from gptlab.runtime import GptlabError
+from gptlab.serve.access import AccessLog, usage_slot
 from gptlab.serve.generation import Generation, sse
 from gptlab.serve.limits import BodyLimit
 from gptlab.serve.protocol import ChatRequest, CompletionRequest, Sampling
@@ -72,10 +77,15 @@ def build_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT,
     static_dir: Path = STATIC,
+    access_log: Callable[[str], None] | None = None,
 ) -> FastAPI:
-    """The FastAPI app serving `engine` (its model) with `tokenizer`; chat needs `chat_format`."""
+    """The FastAPI app serving `engine` (its model) with `tokenizer`; chat needs `chat_format`. `access_log`,
+    when given, receives one line per request (gptlab.serve.access)."""
+    check_api_key(api_key)
     app = FastAPI(title="gptlab", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
+    if access_log is not None:
+        app.add_middleware(AccessLog, write=access_log)  # added last, so outermost: a refused body is logged too
     add_error_handlers(app)
     created = int(time.time())
     block_size = engine.model.config.block_size
@@ -87,6 +97,11 @@ def build_app(
         scheme, _, given = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
             raise APIError(401, "missing or wrong API key: send the header `Authorization: Bearer KEY`", code="invalid_api_key")
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != model_name:
+            raise APIError(404, f"the model {name!r} does not exist: this server serves {model_name!r} (see GET /v1/models)",
+                           param="model", code="model_not_found")
 
     @app.get("/", include_in_schema=False)
     async def index():
@@ -106,6 +121,7 @@ def build_app(
 
     @app.post("/v1/chat/completions", dependencies=[Depends(check_key)])
     async def chat_completions(body: ChatRequest, http: Request):
+        check_model(body.model)
         chat = chat_format
         if chat is None:
             try:
@@ -122,6 +138,7 @@ def build_app(
 
     @app.post("/v1/completions", dependencies=[Depends(check_key)])
     async def completions(body: CompletionRequest, http: Request):
+        check_model(body.model)
         eot = tokenizer.eot_id
         prompts = []
         for prompt in body.prompts():
@@ -137,6 +154,18 @@ def build_app(
         return await runner.respond(body, prompts, () if eot is None else (eot,), chat=False, http=http)
 
     return app
+
+
+def check_api_key(api_key: str | None) -> None:
+    """None serves without a key; an empty key (an unset $KEY) would let an empty bearer token in."""
+    if api_key is None:
+        return
+    if not api_key.strip():
+        raise GptlabError("--api-key is empty (an unset $VARIABLE?): pass a non-empty key, or leave --api-key out to serve "
+                          "without one")
+    if api_key != api_key.strip():
+        raise GptlabError("--api-key has spaces around it, which no client can send in `Authorization: Bearer KEY`; "
+                          "pass the key without them")
 
 
 class Runner:
@@ -179,6 +208,8 @@ class Runner:
                 generation.cancel()
             raise APIError(400, str(error)) from None
         reply = Reply(chat, self.model_name, sum(len(prompt) for prompt in prompts))
+        if http is not None and (slot := usage_slot(http.scope)) is not None:
+            slot["usage"] = lambda: reply.usage(generations)  # read when the response has ended: a stream's tokens too
         if body.stream:
             return EventStream(stream_events(reply, generations, body.include_usage()), generations)
         try:
