@@ -201,6 +201,23 @@ def test_training_memory_with_activation_checkpointing_keeps_the_block_inputs_an
         k: v for k, v in plain.items() if k not in ("activations", "total")}
 
 
+def test_training_memory_with_the_fused_loss_counts_one_chunk_and_the_gradients_it_keeps():
+    # gpt2-tiny, B 4, T 64 (hand sums above), vocab 512, d 32: a chunk is max(2**20 // 512, 4 x 32) = 2,048 rows,
+    #   so all 256 rows: fp32 logits 256 x 512 x 4 = 524,288 + their bf16 cast 256 x 512 x 2 = 262,144 -> 786,432;
+    #   kept: the input gradient and its scaled copy 2 x 256 x 32 x 4 = 65,536 + the head's 512 x 32 x 4 = 65,536.
+    plain = training_memory(preset("gpt2-tiny"), 4, 64)
+    fused = training_memory(preset("gpt2-tiny"), 4, 64, fused_loss=True)
+    assert (fused["logits"], fused["logit_grads"]) == (786_432, 131_072)
+    assert fused["total"] == plain["total"] - 524_288 - 1_048_576 + 786_432 + 131_072
+    # gpt2 (V 50,257, d 768) at B 8, T 1024: chunks of max(20, 3,072) rows instead of 8,192 rows of logits
+    gpt2 = preset("gpt2")
+    big_plain, big_fused = training_memory(gpt2, 8, 1024), training_memory(gpt2, 8, 1024, fused_loss=True)
+    assert big_fused["logits"] == 3_072 * 50_257 * 6 and big_plain["logits"] == 8_192 * 50_257 * 4
+    assert big_fused["logit_grads"] == (2 * 8_192 * 768 + 50_304 * 768) * 4
+    capped = training_memory(preset("gpt2-tiny", logit_softcap=15.0), 4, 64, fused_loss=True)
+    assert capped["logits"] == 256 * 512 * (4 + 4 + 2)  # tanh's slope kept beside the logits
+
+
 def test_activation_bytes_reproduce_korthikanti_formula_for_gpt2():
     # Korthikanti et al. 2022: s b h (34 + 5 a s / h) bytes per layer, 16-bit, dropout, no flash attention.
     config = preset("gpt2-tiny", dropout=0.1)
@@ -258,7 +275,7 @@ def test_training_memory_rejects_bad_arguments():
 def test_cli_model_info_prints_the_accounting(capsys):
     assert main(["model", "info", "--preset", "gpt2"]) == 0
     out = capsys.readouterr().out
-    memory = training_memory(preset("gpt2"), 8, 1024)
+    memory = training_memory(preset("gpt2"), 8, 1024, fused_loss=True)  # what training runs by default
     for text in ("124,475,904", "85,056,000", "855,383,040", "50304", "h100 peak 989 TFLOP/s",
                  f"{0.4 * 989e12 / 855_383_040:,.0f} tokens/s", f"{memory['total'] / 2**30:8.2f}"):
         assert text in out

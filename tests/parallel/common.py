@@ -48,13 +48,15 @@ def rank_rows(data: torch.Tensor, rank: int) -> torch.Tensor:
     return data[..., rank * ROWS_PER_RANK:(rank + 1) * ROWS_PER_RANK, :]
 
 
-def train(model: nn.Module, optimizer: torch.optim.Optimizer, data: torch.Tensor, *, no_sync=None, finish=None) -> None:
-    """STEPS optimizer steps of data's micro-batches; `no_sync()` around all but the last, `finish()` before the step."""
+def train(model: nn.Module, optimizer: torch.optim.Optimizer, data: torch.Tensor, *, no_sync=None, finish=None,
+          cast=None) -> None:
+    """STEPS optimizer steps of data's micro-batches; `no_sync()` around all but the last, `finish()` before the step;
+    `cast()` (autocast) around each forward and backward."""
     for step in data:
         for micro, rows in enumerate(step):
             last = micro == len(step) - 1
             context = no_sync() if no_sync is not None and not last else nullcontext()
-            with context:
+            with context, (cast() if cast is not None else nullcontext()):
                 loss = model(rows[:, :-1], rows[:, 1:]) / len(step)
                 loss.backward()
         if finish is not None:
@@ -63,8 +65,16 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, data: torch.Tensor
         optimizer.zero_grad(set_to_none=True)
 
 
-def single_process_weights(world: int, accum: int, optimizer_class=torch.optim.AdamW) -> dict[str, torch.Tensor]:
-    """The reference: one process trains on every rank's rows at once."""
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast_to(precision: str):
+    """A factory of CPU autocast contexts at bf16 or fp16 (train's `cast`)."""
+    return lambda: torch.autocast("cpu", dtype=DTYPES[precision])
+
+
+def single_process_weights(world: int, accum: int, optimizer_class=torch.optim.AdamW, cast=None) -> dict[str, torch.Tensor]:
+    """The reference: one process trains on every rank's rows at once (under `cast()`, e.g. bf16_autocast)."""
     model = make_model()
-    train(model, optimizer_class(model.parameters(), lr=LR), batches(world, accum))
+    train(model, optimizer_class(model.parameters(), lr=LR), batches(world, accum), cast=cast)
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}

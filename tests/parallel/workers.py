@@ -14,9 +14,9 @@ import torch.distributed as dist
 
 from gptlab.parallel.data_parallel import DataParallel
 from gptlab.parallel.fsdp import full_model_state, shard_model
-from gptlab.parallel.wrap import no_sync
+from gptlab.parallel.wrap import OptimizerRecipe, ParallelConfig, no_sync, parallelize
 from gptlab.parallel.zero import ShardedOptimizer
-from tests.parallel.common import LR, batches, make_model, rank_rows, train
+from tests.parallel.common import LR, autocast_to, batches, make_model, rank_rows, train
 
 BUCKET_MB = 300 / 2**20  # 300 bytes: the tiny model's gradients fill 4 buckets
 HAND = ("allreduce", "overlap", "bucketed")
@@ -82,6 +82,31 @@ def _fsdp(rank: int, world: int, results: dict) -> None:
     results[("fsdp", 2)] = full_model_state(model)  # whole tensors on rank 0
 
 
+def _fsdp_mixed(rank: int, world: int, precision: str, results: dict) -> None:
+    """--parallel.fsdp with bf16 or fp16, as the Trainer builds it (parallelize), under the step's autocast: what dtype
+    the gathered weights, the reduced gradients and the shards the optimizer steps have, and the weights trained.
+    fp16 runs on the CPU too (no GradScaler needed: the tiny model's gradients stay far from fp16's underflow)."""
+    model = make_model()
+    seen = results[f"fsdp {precision} dtypes"] = {}
+
+    def recipe() -> OptimizerRecipe:
+        return OptimizerRecipe(torch.optim.AdamW, [{"params": list(model.parameters())}], {"lr": LR})
+
+    def before_forward(module, args) -> None:
+        seen.setdefault("gathered", module.weight.dtype)
+
+    def finish() -> None:
+        seen.setdefault("gradients", {p.grad.dtype for p in model.parameters() if p.grad is not None})
+
+    wrapped, optimizer = parallelize(model, recipe, ParallelConfig(fsdp=True), distributed=True, blocks=model.blocks,
+                                     precision=precision)
+    model.blocks[0][0].register_forward_pre_hook(before_forward)
+    train(wrapped, optimizer, rank_rows(batches(world, 2), rank), no_sync=lambda: no_sync(model), finish=finish,
+          cast=autocast_to(precision))
+    seen["shards"] = {p.dtype for p in model.parameters()}
+    results[(f"fsdp {precision}", 2)] = full_model_state(model)
+
+
 def run_cases(rank: int, world: int, init_file: str, out: str) -> None:
     """Entry point for torch.multiprocessing.spawn; writes OUT/rank{rank}.pt."""
     torch.set_num_threads(1)
@@ -97,6 +122,8 @@ def run_cases(rank: int, world: int, init_file: str, out: str) -> None:
         for kind in ("zero1", "zero torch"):
             _sharded(rank, world, kind, results)
         _fsdp(rank, world, results)
+        for precision in ("bf16", "fp16"):
+            _fsdp_mixed(rank, world, precision, results)
     finally:
         torch.save(results, Path(out) / f"rank{rank}.pt")
         dist.destroy_process_group()

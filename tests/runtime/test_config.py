@@ -1,12 +1,14 @@
 """Dotted command-line overrides of dataclass configs: strict about keys and types."""
 
+import dataclasses
 import json
 
 import pytest
 
 from gptlab import GptlabError
 from gptlab.pipeline import FIXED_FIELDS, RunConfig
-from gptlab.runtime.config import apply_overrides, config_to_json, describe_fields, field_comments
+from gptlab.runtime.config import apply_overrides, config_changes, config_to_json, describe_fields, field_comments, field_defaults
+from gptlab.train import TrainConfig
 
 
 def test_config_overrides_set_nested_fields_with_their_types():
@@ -58,3 +60,23 @@ def test_config_help_lists_every_field_with_its_default_and_meaning():
     from gptlab.train import TrainConfig
 
     assert all(field_comments(TrainConfig).get(name) for name in TrainConfig.__dataclass_fields__)  # every field documented
+
+
+def test_config_changes_a_field_the_old_snapshot_lacks_is_no_change_at_its_default():
+    """A snapshot saved before `grad_clip` and `optimizer.kind` existed, compared with a TrainConfig at their defaults."""
+    new = dataclasses.asdict(TrainConfig())
+    old = json.loads(json.dumps(new))
+    del old["grad_clip"], old["optimizer"]["kind"]
+    defaults = field_defaults(TrainConfig)
+    assert config_changes(old, new, defaults=defaults) == []
+    assert config_changes(old, new) == ["grad_clip none -> 1.0", "optimizer.kind none -> adamw"]  # without defaults: changes
+
+
+def test_config_changes_a_field_the_old_snapshot_lacks_is_a_change_away_from_its_default_shown_from_the_default():
+    base = TrainConfig()
+    old = dataclasses.asdict(base)
+    del old["grad_clip"], old["optimizer"]["kind"], old["schedule"]  # a whole group added since, too
+    new = dataclasses.asdict(dataclasses.replace(base, grad_clip=0.5, optimizer=dataclasses.replace(base.optimizer, kind="muon"),
+                                                 schedule=dataclasses.replace(base.schedule, kind="wsd")))
+    assert config_changes(old, new, defaults=field_defaults(TrainConfig)) == [
+        "grad_clip 1.0 -> 0.5", "optimizer.kind adamw -> muon", "schedule.kind cosine -> wsd"]

@@ -3,6 +3,7 @@ checkpointing against the plain step, and `gptlab profile`'s files and errors.""
 
 import dataclasses
 import json
+import os
 import shutil
 
 import pytest
@@ -266,3 +267,29 @@ def test_profile_training_on_cuda_writes_the_allocator_snapshot_and_uses_the_dat
     known = any(key in torch.cuda.get_device_name().lower() for key in ("a100", "h100", "h200"))
     assert summary["peak_source"].startswith("datasheet" if known else "measured")
     assert "Self CUDA" in (tmp_path / "prof" / "ops.txt").read_text()
+
+
+def test_cli_profile_says_each_phase_as_it_begins_and_keeps_the_profilers_usdt_lines_off_stderr(tmp_path, capfd):
+    """capfd: the profiler's C++ side writes to fd 2 itself, past sys.stderr."""
+    argv = ["profile", "--preset", "gpt2-tiny", "--model.n-layer", "1", "--batch", "2", "--seq-len", "16", "--steps", "1",
+            "--warmup", "2", "--trace-steps", "1", "--device", "cpu", "--precision", "fp32", "--activation-checkpointing",
+            "--out", str(tmp_path / "prof")]
+    assert main(argv) == 0
+    out, err = capfd.readouterr()
+    progress = [line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("profile: ")]
+    assert [line.split(" ")[0] for line in progress] == ["building", "tracing", "writing", "recording", "writing", "counting",
+                                                         "finding", "the"]
+    assert progress[1] == "tracing 1 steps with torch.profiler" and "without activation checkpointing" in progress[-1]
+    assert out.index("profile: building") < out.index("profile     gpt2-tiny on cpu")  # before the summary
+    assert "USDT" not in err and "profiler_start" not in err and "SyncActivityProfilerHandler" not in err
+
+
+def test_without_kineto_lines_passes_every_other_stderr_line_on(capfd):
+    from gptlab.train.profile import without_kineto_lines
+
+    with without_kineto_lines():
+        os.write(2, b"USDT:2026-11-26 09:36:44 14716:14716 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"a warning of the profiled code\n")
+        os.write(2, b"STAGE:2026-11-26 09:37:39 15025:15025 SyncActivityProfilerHandler.cpp:51] Completed Stage: Warm Up\n")
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "a warning of the profiled code\nafter\n"

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,19 @@ def test_trackio_stores_every_logged_number_at_its_step_locally(prepared, tmp_pa
             if key not in ("step", "timestamp"):
                 found.setdefault(key, []).append((entry["step"], value))
     assert found == logged_numbers(out)
+
+
+def test_tensorboard_holds_each_step_once_after_a_killed_run_resumes(prepared, tmp_path):
+    """Killed after step 6 but before its checkpoint: the resumed run trains 4..6 again, and TensorBoard
+    (purge_step) keeps only the second time, equal to metrics.jsonl, which holds each step once."""
+    out = tmp_path / "run"
+    Trainer(tiny_config(prepared, out, max_steps=6, eval_every=3, tensorboard=True), log=lambda *_: None).fit()
+    shutil.rmtree(out / "checkpoints" / "step_000006")
+    Trainer(tiny_config(prepared, out, max_steps=6, eval_every=3, tensorboard=True), log=lambda *_: None).fit()
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    expected = logged_numbers(out)
+    assert [step for step, _ in expected["loss"]] == [1, 2, 3, 4, 5, 6]
+    assert set(events.Tags()["scalars"]) == expected.keys()
+    for key, points in expected.items():
+        assert [(event.step, event.value) for event in events.Scalars(key)] == [(step, float(np.float32(value))) for step, value in points], key

@@ -30,6 +30,11 @@ def register(stages) -> None:
     info.add_argument("--precision", choices=["auto", "bf16", "fp16", "fp32"], default="auto",
                       help="autocast precision (default auto: bf16 on paper; with --measure, the device's, as training picks it)")
     info.add_argument("--no-flash", action="store_true", help="count the T x T attention scores (math attention)")
+    info.add_argument("--loss", choices=["fused", "plain"], default="fused",
+                      help="the loss the memory follows: fused (training's default, --fused-loss true: one chunk of logits at a time) "
+                      "or plain (the whole logits, as with --fused-loss false or --compile)")
+    info.add_argument("--activation-checkpointing", action="store_true",
+                      help="count the memory of training with --activation-checkpointing true (block inputs + one block)")
     info.add_argument("--measure", action="store_true", help="time the training step here: tokens/s, MFU, peak memory")
     info.add_argument("--device", default="auto", help="--measure on this device: auto, cpu, cuda, cuda:N, mps (default auto)")
     info.add_argument("--steps", type=positive, default=5, metavar="N", help="--measure: timed steps (default 5)")
@@ -70,7 +75,8 @@ def run_info(args: argparse.Namespace) -> int:
     precision = _precision(args, runtime)
     counts = param_counts(config)
     flops = flops_per_token(config, seq_len)
-    memory = training_memory(config, args.batch_size, seq_len, amp=precision, flash_attention=not args.no_flash)
+    memory = training_memory(config, args.batch_size, seq_len, amp=precision, flash_attention=not args.no_flash,
+                             fused_loss=args.loss == "fused", activation_checkpointing=args.activation_checkpointing)
 
     name = args.preset or args.checkpoint
     print(f"model       {name}: {config.arch}, n_layer {config.n_layer}, n_head {config.n_head}, n_kv_head {config.kv_heads}, "
@@ -91,7 +97,9 @@ def run_info(args: argparse.Namespace) -> int:
     if runtime is not None:
         _print_measured(config, args.batch_size, seq_len, precision, runtime.device, args)
     attention = "math attention" if args.no_flash else "flash attention"
-    print(f"memory      batch {args.batch_size} x {seq_len} tokens, fp32 params, {precision} activations, AdamW, {attention} (GiB):")
+    options = f"{args.loss} loss" + (", activation checkpointing" if args.activation_checkpointing else "")
+    print(f"memory      batch {args.batch_size} x {seq_len} tokens, fp32 params, {precision} activations, AdamW, {attention}, "
+          f"{options} (GiB):")
     for part in ("parameters", "gradients", "optimizer", "activations", "weight_casts", "logits", "logit_grads", "total"):
         print(f"  {part:<13}{memory[part] / GIB:8.2f}")
     return 0
@@ -131,7 +139,8 @@ def _print_measured(config, batch_size: int, seq_len: int, precision: str, devic
     from gptlab.train.measure import measure_training
 
     m = measure_training(config, batch_size=batch_size, seq_len=seq_len, precision=precision, device=device,
-                         steps=args.steps, warmup=args.warmup)
+                         steps=args.steps, warmup=args.warmup, fused_loss=args.loss == "fused",
+                         activation_checkpointing=args.activation_checkpointing)
     print(f"measured    {m.device}, {m.precision}, batch {batch_size} x {seq_len}: {m.tokens_per_second:,.0f} tokens/s "
           f"({m.seconds_per_step:.3f} s/step: forward, backward, clip, AdamW; {m.steps} steps after {args.warmup} warm-up)")
     print(f"            achieved {_flop_rate(m.achieved_flops)}; this device's peak {_flop_rate(m.peak_flops)} "

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     check_out_dir(args.out, PROFILE_FILES)  # refused before the model is read or built
     runtime = init_runtime(args.device)
     config, name = resolve_config(args, runtime.device)
-    summary = profile_training(config, runtime.device, args.out)
+    summary = profile_training(config, runtime.device, args.out, log=lambda line: print(f"profile: {line}", flush=True))
     for line in describe(summary, name):
         print(line)
     print((Path(args.out) / "ops.txt").read_text(), end="")

@@ -25,7 +25,8 @@ def register(stages) -> None:
         help="train a GPT on prepared shards (resumes a run in --out)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a GPT on shards made by `gptlab data prepare`. Rerunning the same command resumes the run "
-        "in --out; other settings into the same --out are refused (--force starts over).",
+        "in --out; other settings into the same --out are refused (--force starts over), except a larger --max-steps "
+        "with --extend, which trains the run on.",
         epilog=f"config fields (dotted, --key value or --key=value; defaults of the {DEFAULT_PRESET} preset):\n"
         + describe_fields(train_preset(DEFAULT_PRESET)),
     )
@@ -38,6 +39,9 @@ def register(stages) -> None:
                         "(the fit.json `gptlab fit` writes) instead of Chinchilla's 20 tokens per parameter and sqrt-width lrs")
     parser.add_argument("--no-resume", action="store_true", help="start from step 0; refused if --out holds a run (see --force)")
     parser.add_argument("--force", action="store_true", help="start over: first clear the run in --out (its own files only)")
+    parser.add_argument("--extend", action="store_true",
+                        help="train the run in --out on to a larger --max-steps (a finished run too), from its last checkpoint; "
+                        "the learning rate then follows the longer run's schedule from that step (a decayed cosine rises again)")
     parser.set_defaults(handler=run, accepts_overrides=True)
 
 
@@ -91,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         trainer = Trainer(
             config, runtime=runtime, sample_fn=text_sampler(config.sample_tokens),
-            task_fn=hellaswag_fn(config), resume=not args.no_resume, force=args.force,
+            task_fn=hellaswag_fn(config), resume=not args.no_resume, force=args.force, extend=args.extend,
         )
         result = trainer.fit()
         if runtime.is_main:

@@ -10,7 +10,8 @@ V' = padded vocab, T = seq_len, B = batch size.
                a sliding-window layer counting min(T, window) keys per query instead of T
     memory     parameters + gradients + optimizer moments + activations (Korthikanti et al. 2022;
                with activation checkpointing, the blocks' inputs + one block's)
-               + autocast weight copies + logits + the loss's gradients
+               + autocast weight copies + logits + the loss's gradients (the fused loss: one chunk's
+               logits + the input and head gradients it makes in its forward)
 
 Not here: measuring anything (gptlab.train.metrics reports measured throughput; gptlab.train.profile
 puts these figures beside measured ones).
@@ -21,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from gptlab.model.config import ModelConfig
+from gptlab.model.loss import chunk_rows
 from gptlab.runtime import GptlabError
 
 # Peak dense matmul throughput, FLOP/s, in the precision training uses (bf16 on GPUs).
@@ -227,6 +229,7 @@ def training_memory(
     optimizer: str = "adamw",
     flash_attention: bool = True,
     activation_checkpointing: bool = False,
+    fused_loss: bool = False,
 ) -> dict[str, int]:
     """Bytes for one training step of `batch_size` x `seq_len` tokens, by part.
 
@@ -241,6 +244,14 @@ def training_memory(
         logits       B T V x 4: the fp32 log-softmax the loss keeps for backward
         logit_grads  2 B T V x 4: at the start of backward, cross-entropy's gradient and log-softmax's
                      (both fp32) are alive together with the saved log-softmax: the step's peak
+
+    With `fused_loss` (gptlab.model.loss, the Trainer's default) the (B T x V) logits never exist at once:
+        logits       one chunk's: rows x V x 4 for its fp32 logits (x 2 with a soft-cap: tanh's slope too),
+                     + rows x V x amp bytes for their cast to the matmul dtype when amp is narrower than fp32;
+                     rows = min(B T, chunk_rows(V, d))
+        logit_grads  the input gradient (B T d) the forward makes and keeps, and its scaled copy at backward's
+                     start, in the parameters' dtype: 2 B T d x param bytes, + the head's gradient (V' d x param
+                     bytes) the forward keeps until backward copies it into the gradients counted above
 
     Not counted: the CUDA context and allocator slack, the lm_head output while the caller holds the
     logits, and the embedding activations. The total leans high: at the peak (backward's start) the
@@ -266,8 +277,18 @@ def training_memory(
         "optimizer": OPTIMIZER_STATES[optimizer] * params * param_bytes,
         "activations": activations,
         "weight_casts": flops_per_token(config, seq_len)["matmul_params"] * amp_bytes if amp_bytes < param_bytes else 0,
-        "logits": batch_size * seq_len * config.vocab_size * 4,
-        "logit_grads": 2 * batch_size * seq_len * config.vocab_size * 4,
+        **_loss_memory(config, batch_size * seq_len, param_bytes, amp_bytes, fused_loss),
     }
     parts["total"] = sum(parts.values())
     return parts
+
+
+def _loss_memory(config: ModelConfig, tokens: int, param_bytes: int, amp_bytes: int, fused: bool) -> dict[str, int]:
+    """The loss's share of training_memory: the whole logits and their gradients, or the fused loss's (see there)."""
+    vocab = config.vocab_size
+    if not fused:
+        return {"logits": tokens * vocab * 4, "logit_grads": 2 * tokens * vocab * 4}
+    rows = min(tokens, chunk_rows(vocab, config.n_embd))
+    chunk = rows * vocab * (4 * (2 if config.logit_softcap else 1) + (amp_bytes if amp_bytes < 4 else 0))
+    kept = (2 * tokens * config.n_embd + config.padded_vocab_size * config.n_embd) * param_bytes
+    return {"logits": chunk, "logit_grads": kept}

@@ -5,6 +5,13 @@ Sharding each transformer block on its own, then the root (embeddings, head, fin
 block's all-gather overlap the previous block's compute, and caps the unsharded memory at about one block.
 Gradients are reduce-scattered: each rank receives the mean gradient of its own shard only.
 
+Mixed precision (bf16 or fp16 training): FSDP2's MixedPrecisionPolicy gathers each block's weights in that
+dtype (half the traffic and the unsharded memory of fp32) and reduces the gradients in fp32, into the fp32
+shards the optimizer steps, so the mean over ranks is not summed in 16 bits (micro-steps without sync
+accumulate in fp32 too). The embedding's weights are 16-bit then, so its output and the residual stream are
+(as in torchtitan); the Trainer's autocast still keeps norms, softmax and the loss in fp32. The blocks'
+inputs are not cast (cast_forward_inputs=False): the rotary tables passed to each block stay fp32.
+
 Checkpoints: `full_model_state` / `full_optimizer_state` gather everything on rank 0 (torch.distributed.checkpoint's
 full_state_dict options, every rank must call them). The weights are then the plain model's, loadable anywhere;
 the optimizer state is renumbered from parameter names (torch's format for FSDP) to positions, the unsharded
@@ -20,13 +27,17 @@ import torch
 from torch import nn
 
 
-def shard_model(model: nn.Module, blocks: Iterable[nn.Module]) -> nn.Module:
-    """fully_shard each block, then the root (which then holds only what no block holds); in place."""
-    from torch.distributed.fsdp import fully_shard
+def shard_model(model: nn.Module, blocks: Iterable[nn.Module], *, param_dtype: torch.dtype | None = None) -> nn.Module:
+    """fully_shard each block, then the root (which then holds only what no block holds); in place.
+    `param_dtype` (bf16, fp16): gather the weights in it and reduce the gradients in fp32 (the module docstring)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    policy = MixedPrecisionPolicy()
+    if param_dtype is not None and param_dtype != torch.float32:
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
     for block in blocks:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     return model
 
 

@@ -63,15 +63,20 @@ class OptimizerRecipe(NamedTuple):
     options: dict
 
 
+PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # FSDP's gathered weights under that autocast precision
+
+
 def parallelize(model: nn.Module, recipe: Callable[[], OptimizerRecipe], config: ParallelConfig, *, distributed: bool,
-                device_ids: list[int] | None = None, blocks: Iterable[nn.Module] = ()) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """(the module for the training step, the optimizer). `blocks`: what FSDP shards one by one (transformer blocks)."""
+                device_ids: list[int] | None = None, blocks: Iterable[nn.Module] = (),
+                precision: str = "fp32") -> tuple[nn.Module, torch.optim.Optimizer]:
+    """(the module for the training step, the optimizer). `blocks`: what FSDP shards one by one (transformer blocks);
+    `precision` (the step's autocast, resolved): FSDP computes in bf16 or fp16 and reduces in fp32 (gptlab.parallel.fsdp)."""
     if not distributed:
         return model, build_optimizer(recipe(), "none")
     if config.fsdp:
         from gptlab.parallel.fsdp import shard_model
 
-        shard_model(model, blocks)
+        shard_model(model, blocks, param_dtype=PARAM_DTYPES.get(precision))
         return model, build_optimizer(recipe(), "none")
     optimizer = build_optimizer(recipe(), config.shard_optimizer)
     if config.data_parallel == "torch":
@@ -137,7 +142,7 @@ def is_fsdp(model: nn.Module) -> bool:
 def describe(config: ParallelConfig) -> str:
     """A few words for the run's announcement: "bucketed data parallel (25 MiB buckets), ZeRO-1"."""
     if config.fsdp:
-        return "FSDP2"
+        return "FSDP2"  # its mixed precision follows the run's, announced beside it
     words = {"torch": "torch DDP", "allreduce": "all-reduce after backward", "overlap": "all-reduce overlapped with backward",
              "bucketed": f"bucketed data parallel ({config.bucket_mb:g} MiB buckets)"}[config.data_parallel]
     shard = {"none": "", "zero1": ", ZeRO-1", "torch": ", ZeroRedundancyOptimizer"}[config.shard_optimizer]

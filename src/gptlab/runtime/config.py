@@ -232,17 +232,17 @@ def config_changes(old: dict, new: dict, prefix: str = "", defaults: dict | None
     """["train.max_steps 600 -> 5", ...]: how two config snapshots (as dicts) differ, key by key.
 
     A key the old snapshot lacks is a field added to gptlab since it was saved: the old run ran with that
-    field's default (see `field_defaults`), so the new snapshot at the default is no change.
+    field's default (see `field_defaults`), so it is compared as that default: the new snapshot at the
+    default is no change, and away from it the change reads "default -> value", not "None -> value".
+    A whole config group added since is compared field by field against its defaults the same way.
     """
     changes, defaults = [], defaults or {}
     for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if key not in old and key in defaults and _same(b, defaults[key]):
-            continue
+        a, b = old.get(key, defaults.get(key)), new.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
             nested = defaults.get(key) if isinstance(defaults.get(key), dict) else None
             changes += config_changes(a, b, f"{prefix}{key}.", nested)
-        elif a != b and not (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and list(a) == list(b)):
+        elif not _same(a, b):
             changes.append(f"{prefix}{key} {_show(a)} -> {_show(b)}")
     return changes
 

@@ -8,7 +8,10 @@ folder with `claim_run_folder`, which writes `gptlab_run.json`:
 
 Claiming a folder that is new or empty starts a run. A folder with that file,
 made by the same command with the same settings (apart from `free` keys such
-as logging intervals), is resumed. Anything else is refused with one line that
+as logging intervals), is resumed. Settings are compared as the user asked
+for them ("asked", recorded beside the config that ran) where the record has
+them: a value gptlab derived (a warmup shortened to fit the run) is never
+reported as a change the user made. Anything else is refused with one line that
 says what is there and what to pass: other settings (`--force` starts over,
 clearing that run's own files and nothing else), a folder that is not a
 gptlab run (never touched: pass a new or empty `--out`), a file.
@@ -95,6 +98,17 @@ def _is_legacy(path: Path, entries: list[str], ours: Sequence[str], legacy: Call
     return legacy is not None and owned and legacy(path)
 
 
+def _refuse(path: Path, out_flag: str, changes: list[str], held: list[str], hints: dict[str, str]) -> None:
+    """The one line that says why a run folder is not resumed, and what to pass."""
+    why = (f"a run with other settings ({', '.join(changes[:4])}{', ...' if len(changes) > 4 else ''})" if changes
+           else f"a run ({describe_entries(held)}) that --no-resume would start over")
+    hinted = [hint for key, hint in hints.items() if any(change.startswith(key + " ") for change in changes)]
+    raise GptlabError(f"{out_flag} {path} holds {why}; "
+                      + ("rerun with the same settings to resume, " if changes else "")
+                      + "".join(hint + ", " for hint in hinted)
+                      + f"pass --force to start over (clears that run's files), or another {out_flag}")
+
+
 def read_marker(path: Path) -> dict | None:
     marker = path / MARKER
     if not marker.is_file():
@@ -110,12 +124,15 @@ def read_marker(path: Path) -> dict | None:
 def claim_run_folder(path: str | os.PathLike, *, command: str, config: dict, ours: Sequence[str],
                      free: Iterable[str] = (), force: bool = False, fresh: bool = False,
                      out_flag: str = "--out", legacy: Callable[[Path], bool] | None = None,
-                     defaults: dict | None = None) -> RunFolder:
+                     defaults: dict | None = None, asked: dict | None = None,
+                     hints: dict[str, str] | None = None) -> RunFolder:
     """Start or resume the run in `path`, or refuse (see the module docstring). `fresh`: never resume.
 
     `legacy(path)` recognises a run made before run records existed (all its entries are `ours`):
     it cannot be resumed safely, so it is refused unless `force` clears it. `defaults` (field_defaults of the
-    config's class): a field added since the run was saved, left at its default, is no change.
+    config's class): a field added since the run was saved, left at its default, is no change. `asked`: the
+    settings before gptlab derived any, compared instead of `config` when the record holds them too. `hints`
+    ({"max_steps": "pass --extend to ..."}): a sentence added to the refusal when that key is among the changes.
     """
     path = Path(path)
     if path.exists() and not path.is_dir():
@@ -123,6 +140,8 @@ def claim_run_folder(path: str | os.PathLike, *, command: str, config: dict, our
     record = read_marker(path) if path.is_dir() else None
     entries = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir()) if path.is_dir() else []
     new_record = {"format": FORMAT, "version": VERSION, "command": command, "config": config, "stages": {}}
+    if asked is not None:
+        new_record["asked"] = asked
     if record is None and entries and _is_legacy(path, entries, ours, legacy):
         if not force:
             raise GptlabError(f"{out_flag} {path} holds a `gptlab {command}` run made by an earlier gptlab, without a run record, "
@@ -140,14 +159,14 @@ def claim_run_folder(path: str | os.PathLike, *, command: str, config: dict, our
             raise GptlabError(f"{out_flag} {path} holds a `gptlab {record.get('command')}` run, not a `gptlab {command}` one; "
                               f"pass another {out_flag}, or --force to start over (clears that run's files)")
         else:
-            changes = config_changes(_without(record.get("config", {}), free), _without(config, free), defaults=defaults)
+            both = asked is not None and "asked" in record
+            before, now = (record["asked"], asked) if both else (record.get("config", {}), config)
+            changes = config_changes(_without(before, free), _without(now, free), defaults=defaults)
             if changes or (fresh and held):
-                why = (f"a run with other settings ({', '.join(changes[:4])}{', ...' if len(changes) > 4 else ''})" if changes
-                       else f"a run ({describe_entries(held)}) that --no-resume would start over")
-                raise GptlabError(f"{out_flag} {path} holds {why}; "
-                                  + ("rerun with the same settings to resume, " if changes else "")
-                                  + f"pass --force to start over (clears that run's files), or another {out_flag}")
+                _refuse(path, out_flag, changes, held, hints or {})
             record["config"] = config  # the settings free to change are the latest ones
+            if asked is not None:
+                record["asked"] = asked
             _write(path, record)
             return RunFolder(path, "resume", record, ours)
     made = tuple(folder for folder in [path, *path.absolute().parents] if not folder.exists())

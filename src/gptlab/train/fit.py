@@ -8,7 +8,7 @@ fits in SAFETY × the free memory:
     free: torch.cuda.mem_get_info on CUDA (what other processes left too), MemAvailable (/proc/meminfo) on CPU
 
 The estimate (gptlab.model.accounting: parameters, gradients, AdamW moments, activations, autocast
-copies, logits and their gradients) leaves out the allocator's slack and the CUDA context's
+copies, logits and their gradients, or the fused loss's chunk and gradients) leaves out the allocator's slack and the CUDA context's
 workspaces; the 15% margin is for those. When a step still runs out of memory, the Trainer retries
 it at `smaller_micro_batch(B)`: half of B (the largest proper divisor when B is odd), which divides
 the step's sequences whenever B did, so the optimizer's batch never changes.
@@ -52,8 +52,9 @@ def free_memory(device: torch.device) -> int:
 
 
 def micro_batch_memory(model: ModelConfig, micro_batch: int, seq_len: int, *, precision: str, device: torch.device,
-                       activation_checkpointing: bool = False) -> int:
-    """Estimated bytes of one training step at this micro-batch: fp32 weights, AdamW, autocast at `precision`.
+                       activation_checkpointing: bool = False, fused_loss: bool = True) -> int:
+    """Estimated bytes of one training step at this micro-batch: fp32 weights, AdamW, autocast at `precision`,
+    the loss fused (the Trainer's default, TrainConfig.fused_loss) or plain, blocks recomputed or not.
 
     Attention keeps no T x T scores where SDPA runs a flash kernel: always on CUDA; on CPU only
     without dropout (with dropout it falls back to the math kernel). attention "flash" and "triton" (no dropout)
@@ -61,7 +62,7 @@ def micro_batch_memory(model: ModelConfig, micro_batch: int, seq_len: int, *, pr
     """
     flash = model.attention != "math" and (device.type == "cuda" or model.dropout == 0)
     return training_memory(model, micro_batch, seq_len, param_dtype="fp32", amp=precision, optimizer="adamw",
-                           flash_attention=flash, activation_checkpointing=activation_checkpointing)["total"]
+                           flash_attention=flash, activation_checkpointing=activation_checkpointing, fused_loss=fused_loss)["total"]
 
 
 def cgroup_room(root: Path = CGROUP) -> int | None:
@@ -87,12 +88,12 @@ class MicroBatchChoice:
 
 
 def choose_micro_batch(model: ModelConfig, sequences: int, seq_len: int, *, free: int, precision: str,
-                       device: torch.device, activation_checkpointing: bool = False) -> MicroBatchChoice:
+                       device: torch.device, activation_checkpointing: bool = False, fused_loss: bool = True) -> MicroBatchChoice:
     """The largest divisor of `sequences` (per rank and step) whose estimate fits SAFETY × free."""
     budget = SAFETY * free
     for micro_batch in sorted((d for d in range(1, sequences + 1) if sequences % d == 0), reverse=True):
         estimate = micro_batch_memory(model, micro_batch, seq_len, precision=precision, device=device,
-                                      activation_checkpointing=activation_checkpointing)
+                                      activation_checkpointing=activation_checkpointing, fused_loss=fused_loss)
         if estimate <= budget:
             return MicroBatchChoice(micro_batch, estimate, free, sequences // micro_batch)
     raise GptlabError(

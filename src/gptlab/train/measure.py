@@ -4,7 +4,8 @@
 
     tokens/s     B x T / seconds per step, timed over `steps` steps after `warmup` steps: the Trainer's
                  step (autocast forward with the loss, backward, clip to norm 1, AdamW, zero_grad, the
-                 loss read back) on random ids, without data loading, evaluation or logging
+                 loss read back) on random ids, without data loading, evaluation or logging; the loss fused
+                 or plain and the blocks recomputed or not as the Trainer's options say
     achieved     training FLOPs per token (6N + 12 L d T, flops_per_token) x tokens/s
     peak         this device's matmul peak: square n x n matmuls at the autocast dtype, 2 n^3 FLOPs each,
                  n the MLP's width rounded up to 256 (at least 1024; at most 8192 on CUDA, 2048 on CPU)
@@ -126,10 +127,10 @@ def measure_matmul_peak(device: torch.device, precision: str, size: int, seconds
     return 2 * size**3 * done / (time.perf_counter() - start)
 
 
-def _training_step(config: ModelConfig, batch_size: int, seq_len: int, precision: str,
-                   device: torch.device) -> Callable[[], float]:
+def _training_step(config: ModelConfig, batch_size: int, seq_len: int, precision: str, device: torch.device,
+                   fused_loss: bool = True, activation_checkpointing: bool = False) -> Callable[[], float]:
     """A model, its AdamW and a batch of random ids on the device, and the Trainer's step over them."""
-    model = GPT(config).to(device).train()
+    model = GPT(config).to(device).train().set_activation_checkpointing(activation_checkpointing)
     optimizer = build_optimizer(model, OptimizerConfig(), device.type)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     x, y = torch.randint(0, config.vocab_size, (2, batch_size, seq_len), device=device)
@@ -137,7 +138,7 @@ def _training_step(config: ModelConfig, batch_size: int, seq_len: int, precision
 
     def step() -> float:
         with cast:
-            loss = model(x, y)[1]  # the logits are not kept: the Trainer drops them before backward too
+            loss = model(x, y, fused_loss=fused_loss)[1]  # plain: the logits are not kept, the Trainer drops them too
         scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -168,7 +169,8 @@ def warm_up_measuring_memory(build: Callable[[], Callable[[], Any]], device: tor
 
 
 def measure_training(config: ModelConfig, *, batch_size: int, seq_len: int, precision: str, device: torch.device,
-                     steps: int = 5, warmup: int = 2) -> TrainingMeasurement:
+                     steps: int = 5, warmup: int = 2, fused_loss: bool = True,
+                     activation_checkpointing: bool = False) -> TrainingMeasurement:
     """Time the Trainer's step for this model on `device` and measure its peak memory (see the module docstring).
 
     Two warm-up steps at least: AdamW makes its moments in the first, so the second is the steady peak.
@@ -181,7 +183,7 @@ def measure_training(config: ModelConfig, *, batch_size: int, seq_len: int, prec
         raise GptlabError(f"seq_len {seq_len} is longer than the model's context ({config.block_size})")
     torch.manual_seed(0)
     step, peak_memory, memory_kind = warm_up_measuring_memory(
-        lambda: _training_step(config, batch_size, seq_len, precision, device), device, warmup)
+        lambda: _training_step(config, batch_size, seq_len, precision, device, fused_loss, activation_checkpointing), device, warmup)
     synchronize(device)
     start = time.perf_counter()
     losses = [step() for _ in range(steps)]
@@ -197,5 +199,6 @@ def measure_training(config: ModelConfig, *, batch_size: int, seq_len: int, prec
         seconds_per_step=seconds, tokens_per_second=tokens_per_second, flops_per_token=flops,
         achieved_flops=flops * tokens_per_second, peak_flops=peak, matmul_size=size,
         mfu=flops * tokens_per_second / peak, peak_memory=peak_memory, memory_kind=memory_kind,
-        estimated_memory=micro_batch_memory(config, batch_size, seq_len, precision=precision, device=device),
+        estimated_memory=micro_batch_memory(config, batch_size, seq_len, precision=precision, device=device,
+                                            activation_checkpointing=activation_checkpointing, fused_loss=fused_loss),
     )

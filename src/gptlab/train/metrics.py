@@ -4,7 +4,9 @@
                         "tokens_per_s", "mfu", "elapsed"} and, at evaluations, {"val_loss", "val_bpb"};
                         elapsed: seconds of training so far, resumed runs counting on from their checkpoint
     OUT/loss.png        train and val loss against step, drawn at the end
-    OUT/tensorboard/    TensorBoard event files (--tensorboard): each number of a record as a scalar at its step
+    OUT/tensorboard/    TensorBoard event files (--tensorboard): each number of a record as a scalar at its step; a resumed
+                        run opens its writer with purge_step, so TensorBoard drops what was logged after the checkpoint
+                        and shows each step once
     trackio             the same scalars in trackio's local store ($TRACKIO_DIR, default ~/.cache/huggingface/trackio),
                         project --trackio NAME; `trackio show` opens its dashboard. W&B (--wandb) gets whole records.
 
@@ -26,6 +28,7 @@ class MetricsLog:
         self.path = Path(out) / "metrics.jsonl"
         self.enabled = enabled
         self.tensorboard = self.wandb = self.trackio = None
+        self.writer_class, self.purge_step = None, None  # TensorBoard's writer opens on the first record (see truncate_after)
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -34,7 +37,7 @@ class MetricsLog:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
                 raise GptlabError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
-            self.tensorboard = SummaryWriter(str(Path(out) / "tensorboard"))
+            self.writer_class = SummaryWriter
         if wandb_project:
             try:
                 import wandb
@@ -51,6 +54,8 @@ class MetricsLog:
             handle.write(json.dumps(record) + "\n")
         step = record.get("step", 0)
         scalars = {key: value for key, value in record.items() if key != "step" and isinstance(value, (int, float))}
+        if self.writer_class is not None and self.tensorboard is None:
+            self.tensorboard = self.writer_class(str(self.path.parent / "tensorboard"), purge_step=self.purge_step)
         if self.tensorboard is not None:
             for key, value in scalars.items():
                 self.tensorboard.add_scalar(key, value, step)
@@ -60,7 +65,10 @@ class MetricsLog:
             self.wandb.log(record, step=step)
 
     def truncate_after(self, step: int) -> None:
-        """Drop records of steps after `step` (0: all): a resumed run logs them again, so logs never mix two runs."""
+        """Drop records of steps after `step` (0: all): a resumed run logs them again, so logs never mix two runs.
+        TensorBoard's event files are append-only: its writer, opened later, purges them from step + 1."""
+        if step and self.tensorboard is None:
+            self.purge_step = step + 1
         if not self.enabled or not self.path.is_file():
             return
         kept = [record for record in self.records() if record.get("step", 0) <= step] if step else []

@@ -23,20 +23,26 @@ values), its optimizer and a batch of random ids, runs the Trainer's step in thr
             width within [1024, 2048] on CPU, [1024, 8192] on CUDA, as `model info --measure`)
 
 With activation checkpointing the step is also measured without it (time and peak memory), to show the trade.
+`log` hears one line as each phase begins (the whole takes a minute for the demo model on a CPU). The
+profiler's C++ side (kineto) writes "USDT: ... profiler_start" lines to stderr at every start and stop,
+whatever KINETO_LOG_LEVEL says: fd 2 is caught around each profiler session and every other line passed on.
 Not here: the Trainer (gptlab.train.trainer), the quick `model info --measure` (gptlab.train.measure).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -208,16 +214,42 @@ def timeline_peak(timeline: list) -> dict[str, int]:
     return {"total": sum(peak[1:]), **dict(zip(TIMELINE_CATEGORIES, peak[1:], strict=False))}
 
 
-def trace(step: _Step, out: Path, steps: int) -> dict[str, int]:
+# kineto's own log lines: "USDT:2026-11-26 09:36:44 14716:14716 SyncActivityProfilerHandler.cpp:52] profiler_start"
+KINETO_LINE = re.compile(r"^[A-Z]+:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \w+\.cpp:\d+\] ")
+
+
+@contextlib.contextmanager
+def without_kineto_lines() -> Iterator[None]:
+    """Catch what is written to fd 2 meanwhile (C++ writes there directly, past sys.stderr), and pass on
+    every line but kineto's: a warning or error of the profiled code still shows, after the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            lines = caught.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if not KINETO_LINE.match(line)))
+            sys.stderr.flush()
+
+
+def trace(step: _Step, out: Path, steps: int, log: Callable[[str], None] = lambda _: None) -> dict[str, int]:
     """Record `steps` steps with torch.profiler into trace.json and ops.txt, then one more with stacks for
     memory_timeline.json (and the CUDA allocator's snapshot); return the timeline's peak by category.
 
     Two sessions: the memory timeline needs with_stack, which also puts every Python frame into the ops table."""
     cuda = step.device.type == "cuda"
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
-    with torch.profiler.profile(activities=activities, record_shapes=True, profile_memory=True) as profiler:
+    log(f"tracing {steps} steps with torch.profiler")
+    with without_kineto_lines(), torch.profiler.profile(activities=activities, record_shapes=True, profile_memory=True) as profiler:
         for _ in range(steps):
             step.run()
+    log("writing trace.json and ops.txt")
     _export(out / "trace.json", profiler.export_chrome_trace)
     sort = "self_device_time_total" if cuda else "self_cpu_time_total"
     table = profiler.key_averages().table(sort_by=sort, row_limit=20, max_name_column_width=64)
@@ -225,9 +257,12 @@ def trace(step: _Step, out: Path, steps: int) -> dict[str, int]:
     atomic_write_text(out / "ops.txt", f"top ops by self time over {steps} traced steps ({sort})\n{table}\n")
     if cuda:
         torch.cuda.memory._record_memory_history(max_entries=200_000)
+    log("recording one more step's memory timeline (with stacks)")
     # record_shapes, profile_memory and with_stack: what the memory timeline needs to tell tensors apart
-    with torch.profiler.profile(activities=activities, record_shapes=True, profile_memory=True, with_stack=True) as profiler:
+    with without_kineto_lines(), torch.profiler.profile(activities=activities, record_shapes=True, profile_memory=True,
+                                                        with_stack=True) as profiler:
         step.run()
+    log("writing memory_timeline.json")
     if cuda:
         _export(out / "memory_snapshot.pickle", torch.cuda.memory._dump_snapshot)
         torch.cuda.memory._record_memory_history(enabled=None)
@@ -243,23 +278,28 @@ def _estimate(config: ProfileConfig, device: torch.device, checkpointing: bool) 
     flash = device.type == "cuda" or config.model.dropout == 0
     return training_memory(config.model, config.batch_size, config.tokens_per_sequence, param_dtype="fp32",
                            amp=config.precision, optimizer="adamw", flash_attention=flash,
-                           activation_checkpointing=checkpointing)
+                           activation_checkpointing=checkpointing, fused_loss=config.fused_loss)
 
 
-def profile_training(config: ProfileConfig, device: torch.device, out: str | os.PathLike) -> dict:
+def profile_training(config: ProfileConfig, device: torch.device, out: str | os.PathLike,
+                     log: Callable[[str], None] = lambda _: None) -> dict:
     """Measure, trace and count one training step of `config` on `device`; write OUT (module docstring); return
-    the summary that profile.json holds. A non-empty OUT holding anything else is refused before any work."""
+    the summary that profile.json holds. A non-empty OUT holding anything else is refused before any work.
+    `log` hears a line as each phase begins: the whole is quiet for a minute otherwise."""
     out = Path(out)
     for name in check_out_dir(out, PROFILE_FILES):  # a rerun's own files: the old ones would mislead
         shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     checkpointing = config.activation_checkpointing
+    log(f"building the model; {config.warmup} warm-up steps (measuring peak memory), then {config.steps} timed steps")
     step, times, memory = measure_step(config, device, checkpointing=checkpointing)
     out.mkdir(parents=True, exist_ok=True)
-    timeline = trace(step, out, config.trace_steps)
+    timeline = trace(step, out, config.trace_steps, log)
+    log("counting one step's FLOPs (FlopCounterMode)")
     counted = count_flops(step)
     del step
+    log("finding this device's matmul peak")
     peak, peak_source = device_peak(config, device)
     tokens = config.batch_size * config.tokens_per_sequence
     flops = flops_per_token(config.model, config.tokens_per_sequence)
@@ -275,6 +315,7 @@ def profile_training(config: ProfileConfig, device: torch.device, out: str | os.
         "memory": {**memory, "estimate": _estimate(config, device, checkpointing), "profiler_timeline_peak": timeline},
     }
     if checkpointing:
+        log(f"the same step without activation checkpointing, to compare: {config.warmup} warm-up and {config.steps} timed steps")
         _, without_times, without_memory = measure_step(config, device, checkpointing=False)
         summary["without_checkpointing"] = {"seconds": without_times, "memory": {
             **without_memory, "estimate": _estimate(config, device, False)}}
@@ -321,7 +362,7 @@ def describe(summary: dict, name: str = "") -> list[str]:
         f"memory      peak {memory['peak'] / MIB:,.1f} MiB ({memory['kind']}); estimate {memory['estimate']['total'] / MIB:,.1f} "
         f"MiB (accounting.training_memory, estimate / measured {memory['estimate']['total'] / memory['peak']:.2f})",
         "            estimate " + _by_category(memory["estimate"], ESTIMATE_PARTS)
-        + (" (logits: the plain loss's, which the fused loss never holds whole)" if config["fused_loss"] else ""),
+        + (" (logits: one chunk of the fused loss's)" if config["fused_loss"] else ""),
         "            profiler timeline peak " + _by_category(memory["profiler_timeline_peak"], TIMELINE_CATEGORIES),
     ]
     without = summary.get("without_checkpointing")

@@ -22,7 +22,11 @@ module, so compile never gets in their way and checkpoints hold clean keys. Unde
 data parallel variants, ZeRO-1, FSDP2); sharded optimizer states are saved whole.
 
 The output folder belongs to one run (gptlab.runtime.rundir): the same
-settings resume it, other settings are refused unless `force` starts over.
+settings resume it, other settings are refused unless `force` starts over. Settings are compared as the
+user asked for them, so a warmup gptlab shortened to fit a short run is never a change the user made.
+`extend` takes a larger max_steps and trains the run on from its last checkpoint (a finished run too):
+from there the learning rate follows the longer run's schedule, so a cosine that had decayed rises
+to that schedule's value at the step (re-warming, as continued pretraining does).
 Resume is exact: a checkpoint holds weights, optimizer and GradScaler state,
 the step, every rank's loader position and RNG states, so N steps straight
 equal k steps + resume + N - k steps, loss for loss. Metrics logged after the
@@ -80,7 +84,8 @@ from gptlab.runs.samples import SAMPLES_FILE
 from gptlab.runtime import GptlabError, atomic_write_text
 from gptlab.runtime.config import config_changes, field_defaults
 from gptlab.runtime.device import Runtime, autocast, init_runtime, resolve_precision, rng_state, seed_everything, set_rng_state
-from gptlab.runtime.rundir import claim_run_folder
+from gptlab.runtime.rundir import claim_run_folder, read_marker
+from gptlab.runtime.threads import BusyWatch
 from gptlab.train.checkpoint import (
     checkpoint_dir,
     find_checkpoint,
@@ -152,14 +157,18 @@ class Trainer:
         log: Callable[[str], None] = print,
         resume: bool = True,
         force: bool = False,
+        extend: bool = False,
     ) -> None:
-        """`resume`: continue the run in config.out (False: refuse a folder that holds one). `force`: start over."""
+        """`resume`: continue the run in config.out (False: refuse a folder that holds one). `force`: start over.
+        `extend`: continue the run in config.out for a larger max_steps (see _claim_extension)."""
         self.runtime = runtime or init_runtime(config.device)
         self.sample_fn = sample_fn  # (model, tokenizer) -> text, e.g. gptlab.pipeline.text_sampler
         self.task_fn = task_fn  # e.g. HellaSwag: built by the caller, who holds the tokenizer
         self.print = log if self.runtime.is_main else (lambda *_: None)
-        self.resume, self.force = resume, force
+        self.resume, self.force, self.extend = resume, force, extend
+        self.asked = config  # as the user gave it: what a rerun is compared on (not a warmup gptlab shortened)
         self.started = False  # True once the training loop has begun (fit)
+        self.busy_watch: BusyWatch | None = None  # CPU runs: says once when other work slows the steps (fit)
         self.before_fn: Callable[[], object] | None = None  # measures the start (e.g. task accuracy), once the folder is ours
         self.before: object = None  # ... and what it measured
         self.fit_note = ""  # how the micro-batch was chosen, for the announcement
@@ -226,10 +235,15 @@ class Trainer:
             out = Path(config.out) if config.out else _new_run_folder()
             if not config.out:
                 self.print(f"no --out given: training into {out} (pass --out {out} to resume this run)")
+            if self.extend:
+                self._check_extension(out)
             folder = claim_run_folder(out, command=self.command, config=dataclasses.asdict(dataclasses.replace(config, out=str(out))),
-                                      ours=self.run_files, free=FREE_FIELDS, force=self.force, fresh=not self.resume,
+                                      ours=self.run_files, free=FREE_FIELDS + (("max_steps",) if self.extend else ()),
+                                      force=self.force, fresh=not self.resume,
                                       legacy=lambda path: (path / "train_config.json").is_file(),
-                                      defaults=field_defaults(type(config)))
+                                      defaults=field_defaults(type(config)),
+                                      asked=dataclasses.asdict(dataclasses.replace(self.asked, out=str(out))),
+                                      hints={"max_steps": "pass --extend to train it on to the new --max-steps"})
             self.folder = folder
             resume_from = resume_point(out, self.print) if folder.status == "resume" else None
             atomic_write_text(out / "train_config.json", json.dumps(dataclasses.asdict(dataclasses.replace(config, out=str(out))), indent=1) + "\n")
@@ -240,6 +254,28 @@ class Trainer:
             torch.distributed.broadcast_object_list(shared, src=0)
         self.config = dataclasses.replace(config, out=shared[0])
         return Path(shared[1]) if shared[1] else None
+
+    def _check_extension(self, out: Path) -> None:
+        """--extend continues a run that is there, for at least the steps it had: the steps trained stay as they are."""
+        if self.force or not self.resume:
+            raise GptlabError("--extend continues the run in --out; it cannot be combined with --force or --no-resume")
+        record = read_marker(out) if out.is_dir() else None
+        if record is None or record.get("command") != self.command:
+            raise GptlabError(f"--extend continues a `gptlab {self.command}` run, but {out} holds none; leave out --extend to start one")
+        before = record.get("config", {}).get("max_steps")
+        if isinstance(before, int) and self.config.max_steps < before:
+            raise GptlabError(f"--extend lengthens a run: --max-steps {self.config.max_steps} is fewer than the run's {before} steps; "
+                              "pass a larger --max-steps")
+
+    def _note_extension(self, saved: dict, step: int) -> None:
+        """Say what --extend does to the learning rate: from here it follows the longer run's schedule."""
+        before = saved.get("config", {}).get("max_steps")
+        if not self.extend or before == self.config.max_steps:
+            return
+        config = self.config
+        lr = learning_rate(step, config.optimizer.lr, config.max_steps, config.schedule)
+        self.print(f"extending the run from {before} to {config.max_steps} steps: from step {step} the learning rate follows "
+                   f"the {config.max_steps}-step schedule ({config.schedule.kind}), starting at {lr:.2e}")
 
     def _loader(self, split: str) -> ShardLoader:
         config = self.config
@@ -296,7 +332,8 @@ class Trainer:
             wrapped = torch.compile(model)
         device_ids = [runtime.local_rank] if runtime.device.type == "cuda" else None
         return parallelize(wrapped, lambda: optimizer_recipe(model, config.optimizer, runtime.device.type), config.parallel,
-                           distributed=runtime.distributed, device_ids=device_ids, blocks=model.transformer["h"])
+                           distributed=runtime.distributed, device_ids=device_ids, blocks=model.transformer["h"],
+                           precision=self.precision)
 
     def _restore(self, path: Path | None) -> TrainState:
         """The state to start from: a checkpoint's (loading weights, optimizer, scaler, loader, RNGs), or step 0."""
@@ -309,6 +346,7 @@ class Trainer:
                                elapsed_before=saved.get("elapsed", 0.0), finished=saved.get("finished", False))
             self.train_loader.load_state_dict(saved["loader"][self.runtime.rank])
             self.print(f"resumed from {path} at step {state.step}")
+            self._note_extension(saved, state.step)
         if self.runtime.is_main:
             self.metrics.truncate_after(state.step)
             truncate_samples(self.config.out, state.step)
@@ -334,12 +372,14 @@ class Trainer:
         self.spent = self.state.elapsed_before / self.config.time_limit if self.config.time_limit else 0.0
         if self.state.finished and self.state.step >= self.config.max_steps or self.spent >= 1:
             budget = f"spent its time limit of {self.config.time_limit:g} s (pass a larger --time-limit to go on)"
-            self.print(f"{self.config.out} already {budget if self.spent >= 1 else f'finished its {self.state.step} steps'}; "
+            more = " (--extend with a larger --max-steps trains it on)" if self.command == "train" else ""
+            self.print(f"{self.config.out} already {budget if self.spent >= 1 else f'finished its {self.state.step} steps{more}'}; "
                        "nothing to train")
             self.metrics.close()
             return self._result("already finished", resume_from)
         self._announce()
         self._write_machine()
+        self.busy_watch = BusyWatch(torch.get_num_threads()) if self.runtime.device.type == "cpu" else None
         self.model.train()
         self.started = True  # from here on the run's work is worth keeping, whatever happens
         status = "finished"
@@ -440,6 +480,9 @@ class Trainer:
 
     def _log_step(self, loss: float, lr: float, norm: float, seconds: float) -> None:
         config, state = self.config, self.state
+        busy = self.busy_watch.step(seconds) if self.busy_watch else None
+        if busy:  # once a run: the machine got busy, and what to do about it
+            self.print(busy)
         if state.step % config.log_every and state.step != config.max_steps:
             return
         rate = self._step_tokens() / seconds
@@ -523,7 +566,8 @@ class Trainer:
             free = int(least.item())
         choice = choose_micro_batch(config.model, config.sequences_per_rank(self.runtime.world_size), config.seq_len,
                                     free=free, precision=self.precision, device=device,
-                                    activation_checkpointing=config.activation_checkpointing)
+                                    activation_checkpointing=config.activation_checkpointing,
+                                    fused_loss=config.fused_loss and not config.compile)
         self.fit_note = choice.describe()
         return dataclasses.replace(config, micro_batch=choice.micro_batch)
 
