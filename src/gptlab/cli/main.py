@@ -108,10 +108,10 @@ def run_command(argv: list[str] | None) -> int:
     prepare_wait_policy()  # before torch loads: libgomp reads it once
     try:
         parser = build_parser()  # imports torch and every stage: seconds in which a Ctrl-C is likely
+        args, extra = parser.parse_known_args(hyphenate(sys.argv[1:] if argv is None else list(argv)))
     except KeyboardInterrupt:
         print("gptlab: interrupted", file=sys.stderr)
         return 130
-    args, extra = parser.parse_known_args(hyphenate(sys.argv[1:] if argv is None else list(argv)))
     if extra and not getattr(args, "accepts_overrides", False):
         parser.error(_unrecognized(parser, extra))
     args.overrides = extra
