@@ -12,7 +12,7 @@ import torch
 from gptlab.cli.main import THREADED, build_parser, main
 from gptlab.runtime import GptlabError
 from gptlab.runtime import threads as threads_module
-from gptlab.runtime.threads import BusyWatch, auto_threads, busy_cores, parse_threads, set_threads
+from gptlab.runtime.threads import BusyWatch, auto_threads, busy_cores, free_cores, parse_threads, set_threads, threads_are_automatic
 
 
 @pytest.fixture
@@ -101,27 +101,80 @@ def test_cli_threads_refuses_a_bad_count_in_one_line(value, capsys):
     assert exit_info.value.code == 2 and err.count("\n") == 1 and f"got {value!r}" in err
 
 
-def test_busy_watch_warns_once_when_steps_slow_down_while_others_take_the_cores(monkeypatch):
-    monkeypatch.setattr(threads_module, "busy_cores", lambda: 1.4)
+class FakeSampler:
+    """Stands in for CoreSampler: the busy cores of other work are what the test sets in `OTHERS`."""
+
+    OTHERS = [0.0]
+
+    def others(self) -> float:
+        return FakeSampler.OTHERS[0]
+
+
+@pytest.fixture
+def others(monkeypatch):
+    monkeypatch.setattr(threads_module, "CoreSampler", FakeSampler)
+    FakeSampler.OTHERS[0] = 0.0
+    return FakeSampler.OTHERS
+
+
+def test_busy_watch_warns_once_when_steps_slow_down_while_others_take_the_cores(others):
+    others[0] = 1.4
     watch = BusyWatch(threads=2, window=4)
     said = [watch.step(seconds) for seconds in [0.1] * 12 + [0.35] * 12]
     warnings = [text for text in said if text]
     assert len(warnings) == 1 and said.index(warnings[0]) >= 12
     slowdown = float(re.search(r"steps are ([\d.]+)x slower", warnings[0]).group(1))
-    assert 2.0 <= slowdown <= 3.5 and "1.4 of" in warnings[0] and "--threads 1" in warnings[0]
+    assert slowdown == pytest.approx(3.5) and "1.4 of" in warnings[0] and "--threads 1" in warnings[0]
+    assert watch.current == 2  # a count the user chose is kept
 
 
-def test_busy_watch_says_nothing_when_the_cores_are_free_or_steps_keep_pace(monkeypatch):
-    monkeypatch.setattr(threads_module, "busy_cores", lambda: 0.1)  # slower steps, but nothing else runs: the run's own doing
-    watch = BusyWatch(threads=2, window=4)
-    assert not any(watch.step(seconds) for seconds in [0.1] * 8 + [0.5] * 16)
-    monkeypatch.setattr(threads_module, "busy_cores", lambda: 1.9)
-    steady = BusyWatch(threads=2, window=4)
-    assert not any(steady.step(0.1 + 0.01 * (index % 3)) for index in range(40))
+def test_busy_watch_says_nothing_when_the_cores_are_free_or_steps_keep_pace(others):
+    others[0] = 0.1  # slower steps, but nothing else runs: the run's own doing (a longer rollout)
+    watch = BusyWatch(threads=2, window=4, adapt=True)
+    assert not any(watch.step(seconds) for seconds in [0.1] * 8 + [0.5] * 16) and watch.current == 2
+    others[0] = 1.9
+    steady = BusyWatch(threads=2, window=4, adapt=True)
+    assert not any(steady.step(0.1 + 0.01 * (index % 3)) for index in range(40)) and steady.current == 2
 
 
-def test_busy_watch_on_one_thread_says_to_stop_the_other_work(monkeypatch):
-    monkeypatch.setattr(threads_module, "busy_cores", lambda: 1.0)
-    watch = BusyWatch(threads=1, window=2)
+def test_busy_watch_on_auto_moves_to_the_free_cores_and_back_saying_so_once_each_way(others):
+    counts = []
+    watch = BusyWatch(threads=2, window=4, adapt=True, set_count=counts.append)
+    said = [watch.step(0.1) for _ in range(8)]
+    others[0] = 1.0
+    said += [watch.step(0.4) for _ in range(4)]  # busy: down to 1 thread
+    assert counts == [1] and watch.current == 1 and "going on with 1 thread" in said[-1] and "--threads 2 keeps 2" in said[-1]
+    said += [watch.step(0.2) for _ in range(8)]  # still busy: stays on 1
+    assert counts == [1]
+    others[0] = 0.0
+    said += [watch.step(0.2) for _ in range(4)]  # the other work ended: back to 2, the reference taken afresh
+    assert counts == [1, 2] and watch.current == 2 and said[-1] == "note: the cores are free again: back to 2 threads"
+    said += [watch.step(0.1) for _ in range(4)]
+    others[0] = 1.0
+    said += [watch.step(0.4) for _ in range(4)]  # busy again: down again, without a second note
+    assert counts == [1, 2, 1] and said[-1] is None
+    assert len([text for text in said if text]) == 2
+
+
+def test_busy_watch_on_one_thread_says_to_stop_the_other_work(others):
+    others[0] = 1.0
+    watch = BusyWatch(threads=1, window=2, adapt=True)
     text = next(filter(None, (watch.step(seconds) for seconds in [0.1] * 4 + [0.3] * 4)))
     assert "stop the other work" in text and "--threads" not in text.split(";")[1]
+
+
+@pytest.mark.parametrize(("cores", "others", "expected"), [(2, 0.0, 2), (2, 0.3, 2), (2, 0.6, 1), (2, 7.0, 1), (8, 2.2, 6)])
+def test_free_cores_leaves_the_busy_ones(cores, others, expected):
+    assert free_cores(cores, others) == expected
+
+
+def test_set_threads_says_whether_it_chose_the_count(restore_threads, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads_module, "auto_threads", lambda: 1)
+    set_threads("auto")
+    assert threads_are_automatic()
+    set_threads(1)
+    assert not threads_are_automatic()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    set_threads("auto")
+    assert not threads_are_automatic()  # the user's OMP_NUM_THREADS: theirs to keep

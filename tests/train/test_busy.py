@@ -12,8 +12,8 @@ class ScriptedWatch:
 
     made: list = []
 
-    def __init__(self, threads: int) -> None:
-        self.threads, self.seconds = threads, []
+    def __init__(self, threads: int, adapt: bool = False) -> None:
+        self.threads, self.adapt, self.seconds = threads, adapt, []
         ScriptedWatch.made.append(self)
 
     def step(self, seconds: float) -> str | None:

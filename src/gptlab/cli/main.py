@@ -15,7 +15,7 @@ import signal
 import sys
 
 from gptlab.runtime import GptlabError
-from gptlab.runtime.threads import parse_threads, prepare_wait_policy, set_threads
+from gptlab.runtime.threads import parse_threads, set_threads
 
 # Commands that compute with torch take --threads; the data and tokenizer commands size their worker processes with --workers.
 THREADED = ("model", "train", "profile", "sweep", "fit", "sft", "dpo", "grpo", "run", "sample", "chat", "serve", "eval", "export")
@@ -62,7 +62,8 @@ def add_threads_argument(parser: argparse.ArgumentParser) -> None:
             add_threads_argument(sub)
     if not subcommands:
         parser.add_argument("--threads", type=_threads, default="auto", metavar="N|auto",
-                            help="CPU threads for torch (default auto: the cores that other work leaves free, sampled at start)")
+                            help="CPU threads for torch (default auto: the cores other work leaves free, sampled at start; training "
+                                 "moves to fewer while other work holds the cores, and back)")
 
 
 def hyphenate(argv: list[str]) -> list[str]:
@@ -105,7 +106,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_command(argv: list[str] | None) -> int:
     """Parse and run one command: its exit code, with user errors and Ctrl-C as one line each."""
-    prepare_wait_policy()  # before torch loads: libgomp reads it once
     try:
         parser = build_parser()  # imports torch and every stage: seconds in which a Ctrl-C is likely
         args, extra = parser.parse_known_args(hyphenate(sys.argv[1:] if argv is None else list(argv)))

@@ -1,21 +1,21 @@
-"""CPU threads for torch's kernels: how many, how they wait, and noticing when other work takes the cores.
+"""CPU threads for torch's kernels: how many, and what to do when other work takes the cores.
 
 torch's CPU kernels run on an OpenMP pool (libgomp in the PyPI wheels), one thread per core by default.
 Every kernel ends at a barrier, so a step of a small model is thousands of barriers. When another process
-holds one of the cores, the thread parked on it is descheduled, and its siblings wait at each barrier for
-the scheduler to run it again: a 2-thread pool on 2 busy cores then goes slower than one thread would
-(bench/threads_busy.py measures it). libgomp's threads also spin at a barrier before they sleep, taking
-cycles from the competitor that holds the core they wait for.
+holds one of the cores, the thread parked on it is descheduled and its siblings wait at each barrier for
+the scheduler to run it again: on 2 cores beside one other busy process, 2 threads train at a third of
+their speed alone, while 1 thread keeps 60% of it (bench/threads_busy.py, the demo's model).
 
 What gptlab does about it:
-- `--threads N` on every command that computes; `auto` (the default) takes the cores this process may use
-  (CPU affinity) less those that other work keeps busy, sampled for 0.2 s at start;
-- OMP_WAIT_POLICY=passive unless the user set it: threads sleep at a barrier instead of spinning, so a
-  busy machine costs a share of the cores, not a collapse (measured in bench/threads_busy.py);
-- `BusyWatch` notices when steps slow down after they were fast, and says once what to do.
+- `--threads N` on every command that computes with torch; `auto` (the default) takes the cores this
+  process may use (CPU affinity) less those that other work keeps busy, sampled for 0.2 s at start;
+- during training, `BusyWatch` notices steps that run `factor` times slower than before while other work
+  holds the cores: with `auto` it moves to the cores left free and back once they are free again, saying
+  so in the progress output; with a count the user chose, it says once what to do.
+Sleeping at barriers instead (OMP_WAIT_POLICY=passive) also avoids the stall, but costs 13% on an idle
+machine, where most runs are; it is left to the user (bench/threads_busy.py measures both).
 
-Environment variables are set before torch loads (libgomp reads them once) and are inherited by child
-processes (sweep grid points, data workers), so a whole command keeps to its threads.
+Counts are set in the environment too (OMP_NUM_THREADS), so child processes keep to them.
 Imports torch only where it is already loaded; not here: worker processes (gptlab.runtime.processes).
 """
 
@@ -30,8 +30,8 @@ from gptlab.runtime.errors import GptlabError
 from gptlab.runtime.processes import default_workers
 
 AUTO = "auto"
-WAIT_POLICY = "OMP_WAIT_POLICY"
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+_chosen = {"automatic": False}  # whether set_threads chose the count itself (auto, nothing set by the user)
 
 
 def parse_threads(text: str) -> str | int:
@@ -66,42 +66,60 @@ def _cpu_times(cpus: set[int]) -> tuple[int, int]:
     return busy, total
 
 
-def busy_cores(seconds: float = 0.2) -> float:
-    """How many of this process's cores other work keeps busy now, sampled over `seconds` while we wait.
+class CoreSampler:
+    """How many of this process's cores other work kept busy between two reads, without waiting in between.
 
-    /proc/stat over the cores in our affinity set, so a container on a large host counts its own cores; where
-    there is no /proc/stat, the 1-minute load average (which lags: it still counts work that just ended).
+    /proc/stat over the cores in our affinity set (a container on a large host counts its own cores), less
+    this process's own CPU time over the same interval. None where there is no /proc/stat.
     """
-    try:
-        cpus = os.sched_getaffinity(0)
-        before, own = _cpu_times(cpus), time.process_time()
-        time.sleep(seconds)
-        after, own = _cpu_times(cpus), time.process_time() - own  # this process's threads are not "other work"
-    except (AttributeError, OSError, ValueError):
+
+    def __init__(self) -> None:
+        self.last = self._read()
+
+    def _read(self) -> tuple | None:
         try:
-            return os.getloadavg()[0]
-        except (AttributeError, OSError):
-            return 0.0
-    busy, total = after[0] - before[0], after[1] - before[1]
-    if total <= 0:
+            cpus = os.sched_getaffinity(0)
+            return cpus, _cpu_times(cpus), time.process_time()
+        except (AttributeError, OSError, ValueError):
+            return None
+
+    def others(self) -> float | None:
+        """Busy cores not ours since the last call (or since this sampler was made)."""
+        before, now = self.last, self._read()
+        self.last = now
+        if before is None or now is None:
+            return None
+        cpus, (busy, total), own = now
+        busy, total, own = busy - before[1][0], total - before[1][1], own - before[2]
+        if total <= 0:
+            return None
+        wall = total / len(cpus) / os.sysconf("SC_CLK_TCK")  # the interval's seconds, as the kernel counted them
+        return max(0.0, len(cpus) * busy / total - own / wall)
+
+
+def busy_cores(seconds: float = 0.2) -> float:
+    """Cores other work keeps busy now, sampled over `seconds`; the 1-minute load average where /proc/stat is
+    missing (it lags: it still counts work that just ended)."""
+    sampler = CoreSampler()
+    time.sleep(seconds)
+    others = sampler.others()
+    if others is not None:
+        return others
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
         return 0.0
-    wall = total / len(cpus) / os.sysconf("SC_CLK_TCK")  # the window's seconds, as the kernel counted them
-    return max(0.0, len(cpus) * busy / total - own / wall)
+
+
+def free_cores(cores: int, others: float) -> int:
+    """The cores left when others keep `others` busy, at least one: 2 at 0.3 -> 2; 2 at 0.6 or 7.0 -> 1; 8 at 2.2 -> 6."""
+    return max(1, min(cores, cores - int(max(0.0, others) + 0.5)))
 
 
 def auto_threads(cores: int | None = None, load: float | None = None) -> int:
-    """The cores this process may use, less the whole cores others use: 2 cores at load 0.3 -> 2; at load 1.6 -> 1.
-
-    A busy core is left to its owner (rounded, so a passing blip does not cost a thread); at least one thread.
-    """
+    """`--threads auto`: the cores this process may use less those other work keeps busy (sampled now)."""
     cores = default_workers() if cores is None else cores
-    load = busy_cores() if load is None else load
-    return max(1, min(cores, cores - round(max(0.0, load))))
-
-
-def prepare_wait_policy() -> None:
-    """Threads sleep at a barrier instead of spinning (unless the user chose): call before torch is imported."""
-    os.environ.setdefault(WAIT_POLICY, "passive")
+    return free_cores(cores, busy_cores() if load is None else load)
 
 
 def set_threads(requested: str | int | None) -> int:
@@ -109,54 +127,86 @@ def set_threads(requested: str | int | None) -> int:
 
     An explicit OMP_NUM_THREADS in the environment is the user's choice too, and wins over auto.
     """
+    preset = os.environ.get("OMP_NUM_THREADS", "")
+    automatic = requested in (None, AUTO) and not (preset.isdigit() and int(preset) > 0)
     if requested in (None, AUTO):
-        preset = os.environ.get("OMP_NUM_THREADS", "")
-        count = int(preset) if preset.isdigit() and int(preset) > 0 else auto_threads()
+        count = auto_threads() if automatic else int(preset)
     else:
         count = int(requested)
+    _chosen["automatic"] = automatic
+    _apply(count)
+    return count
+
+
+def _apply(count: int) -> None:
     for name in THREAD_VARIABLES:
         os.environ[name] = str(count)
     torch = sys.modules.get("torch")
     if torch is not None and torch.get_num_threads() != count:
         torch.set_num_threads(count)
-    return count
+
+
+def threads_are_automatic() -> bool:
+    """True when the last set_threads chose the count itself: then a BusyWatch may change it."""
+    return _chosen["automatic"]
 
 
 class BusyWatch:
-    """Step times in, one warning out when steps run `factor` times slower than before while other work takes the cores.
+    """Step times in; fewer threads while other work holds the cores (adapt), or one warning (a count the user chose).
 
-    The reference is the lowest median of `window` consecutive steps seen (the machine at its quietest). When
-    the latest `window` steps' median is `factor` times that, the cores are sampled: a slowdown with the cores
-    free (a longer GRPO rollout, a page-in) is no warning, and is looked at again `window` steps later.
-    A pause the run makes itself (an eval, a checkpoint) is not a step and never passes through here.
+    Looked at every `window` steps: the median of those steps against the lowest such median seen (the
+    machine at its quietest). `factor` times slower while others keep at least `busy` cores busy over those
+    steps is a busy machine; a slowdown with the cores free (a longer GRPO rollout) is not. Once moved to
+    fewer threads, it moves back when the cores are free again, and starts its reference afresh.
+    Returns the line to print, or None; each kind of line is said once a run.
     """
 
-    def __init__(self, threads: int, window: int = 8, factor: float = 2.0, busy: float = 0.5) -> None:
-        self.threads, self.window, self.factor, self.busy = threads, window, factor, busy
+    def __init__(self, threads: int, adapt: bool = False, window: int = 4, factor: float = 2.0, busy: float = 0.5,
+                 set_count=_apply) -> None:
+        self.threads, self.current, self.adapt = threads, threads, adapt and threads > 1
+        self.window, self.factor, self.busy, self.set_count = window, factor, busy, set_count
         self.recent: list[float] = []
         self.best: float | None = None
-        self.warned = False
+        self.said: set[str] = set()
+        self.sampler = CoreSampler()
 
     def step(self, seconds: float) -> str | None:
-        """Record one step's time; the warning text the first time the machine looks busy, else None."""
-        if self.warned:
-            return None
-        self.recent = [*self.recent[-(self.window - 1):], seconds]
+        """Record one step's time; a line to print when the threads change or the machine first looks busy."""
+        self.recent.append(seconds)
         if len(self.recent) < self.window:
             return None
-        median = statistics.median(self.recent)
+        median, self.recent = statistics.median(self.recent), []
+        others = self.sampler.others()  # over exactly these steps
+        if others is None:
+            return None
+        if self.current < self.threads:
+            return self._restore() if others < self.busy else None
         self.best = median if self.best is None else min(self.best, median)
-        if median < self.factor * self.best:
+        if median < self.factor * self.best or others < self.busy:
             return None
-        self.recent = []  # look again a window later, whatever the cores say now
-        others = busy_cores()
-        if others < self.busy:
-            return None
-        self.warned = True
-        return self.message(median / self.best, others)
+        return self._busy(median / self.best, others)
 
-    def message(self, slowdown: float, others: float) -> str:
-        advice = (f"pass --threads {max(1, self.threads - 1)} to leave a core to it, or stop the other work"
+    def _busy(self, slowdown: float, others: float) -> str | None:
+        cores = default_workers()
+        where = (f"steps are {slowdown:.1f}x slower than earlier in this run: other work keeps {others:.1f} of "
+                 f"{cores} cores busy")
+        if self.adapt and free_cores(self.threads, others) < self.threads:
+            self.current = free_cores(self.threads, others)
+            self.set_count(self.current)
+            return self._once("fewer", f"note: {where}; going on with {self.current} thread{'s' * (self.current > 1)} "
+                                       f"while it does (a thread waiting for a busy core stalls every step; --threads "
+                                       f"{self.threads} keeps {self.threads})")
+        advice = (f"pass --threads {free_cores(self.threads, others)} to leave the busy cores to it, or stop the other work"
                   if self.threads > 1 else "stop the other work, or expect this pace")
-        return (f"warning: steps are {slowdown:.1f}x slower than earlier in this run: other work keeps {others:.1f} of "
-                f"{default_workers()} cores busy (this run: {self.threads} threads); {advice}")
+        return self._once("warn", f"warning: {where} (this run: {self.threads} threads); {advice}")
+
+    def _restore(self) -> str | None:
+        self.current, self.best = self.threads, None
+        self.set_count(self.threads)
+        return self._once("back", f"note: the cores are free again: back to {self.threads} threads")
+
+    def _once(self, kind: str, text: str) -> str | None:
+        if kind in self.said:
+            return None
+        self.said.add(kind)
+        return text

@@ -85,7 +85,7 @@ from gptlab.runtime import GptlabError, atomic_write_text
 from gptlab.runtime.config import config_changes, field_defaults
 from gptlab.runtime.device import Runtime, autocast, init_runtime, resolve_precision, rng_state, seed_everything, set_rng_state
 from gptlab.runtime.rundir import claim_run_folder, read_marker
-from gptlab.runtime.threads import BusyWatch
+from gptlab.runtime.threads import BusyWatch, threads_are_automatic
 from gptlab.train.checkpoint import (
     checkpoint_dir,
     find_checkpoint,
@@ -168,7 +168,7 @@ class Trainer:
         self.resume, self.force, self.extend = resume, force, extend
         self.asked = config  # as the user gave it: what a rerun is compared on (not a warmup gptlab shortened)
         self.started = False  # True once the training loop has begun (fit)
-        self.busy_watch: BusyWatch | None = None  # CPU runs: says once when other work slows the steps (fit)
+        self.busy_watch: BusyWatch | None = None  # CPU runs: fewer threads, or a warning, while other work holds the cores
         self.before_fn: Callable[[], object] | None = None  # measures the start (e.g. task accuracy), once the folder is ours
         self.before: object = None  # ... and what it measured
         self.fit_note = ""  # how the micro-batch was chosen, for the announcement
@@ -379,7 +379,8 @@ class Trainer:
             return self._result("already finished", resume_from)
         self._announce()
         self._write_machine()
-        self.busy_watch = BusyWatch(torch.get_num_threads()) if self.runtime.device.type == "cpu" else None
+        if self.runtime.device.type == "cpu":  # CPU threads follow the machine's load when gptlab chose their count
+            self.busy_watch = BusyWatch(torch.get_num_threads(), adapt=threads_are_automatic() and not self.runtime.distributed)
         self.model.train()
         self.started = True  # from here on the run's work is worth keeping, whatever happens
         status = "finished"
