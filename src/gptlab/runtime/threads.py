@@ -12,7 +12,7 @@ What gptlab does about it:
 - during training, `BusyWatch` notices steps that run `factor` times slower than before while other work
   holds the cores: with `auto` it moves to the cores left free and back once they are free again, saying
   so in the progress output; with a count the user chose, it says once what to do.
-Sleeping at barriers instead (OMP_WAIT_POLICY=passive) also avoids the stall, but costs 13% on an idle
+Sleeping at barriers instead (OMP_WAIT_POLICY=passive) also avoids the stall, but costs 14% on an idle
 machine, where most runs are; it is left to the user (bench/threads_busy.py measures both).
 
 Counts are set in the environment too (OMP_NUM_THREADS), so child processes keep to them.
