@@ -68,3 +68,14 @@ def chat_model(prepared, tmp_path_factory):
     save_model(model, folder)
     tokenizer.save(folder / "tokenizer")
     return folder
+
+
+@pytest.fixture(scope="session")
+def hf_modules_cache(tmp_path_factory):
+    """transformers copies a folder's modeling code (trust_remote_code) into HF_MODULES_CACHE before importing it as
+    the package `transformers_modules`, which it binds to that folder once: so one folder per test process, under tmp."""
+    import transformers.dynamic_module_utils as dynamic
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dynamic, "HF_MODULES_CACHE", str(tmp_path_factory.mktemp("hf_modules")))
+        yield

@@ -15,8 +15,9 @@ from gptlab.tokenizer import Tokenizer
 from gptlab.train import Trainer
 from gptlab.train.checkpoint import list_checkpoints
 from gptlab.train.config import shakespeare_cpu
-from tests.export.conftest import hf_modules_cache  # noqa: F401 (transformers' copy of a folder's code under tmp)
 from tests.train.conftest import tiny_config
+
+pytestmark = pytest.mark.usefixtures("hf_modules_cache")  # transformers' copy of remote code under tmp (tests/conftest.py)
 
 TEXT = "ROMEO:\nBut, soft! what light through yonder window breaks?<|endoftext|>JULIET:\nAy me!"
 

@@ -23,6 +23,8 @@ from gptlab.runtime import GptlabError
 from gptlab.tokenizer import Tokenizer
 from gptlab.train.config import shakespeare_cpu
 
+pytestmark = pytest.mark.usefixtures("hf_modules_cache")  # transformers' copy of remote code under tmp (tests/conftest.py)
+
 ATOL = 1e-5
 CUSTOM = "GptlabForCausalLM"
 TINY = {"vocab_size": 512, "n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 64}
