@@ -301,7 +301,8 @@ def test_sweep_ctrl_c_at_any_moment_exits_130_in_one_line_and_the_same_command_r
     if moment == "check_point":
         assert "[1/2]" not in stdout  # stopped before any folder was claimed
     if moment == "training":
-        assert "interrupted at step 3: saving a checkpoint" in stdout and "[2/2] c2e8-1x32" in stdout
+        # sent as step 4 begins: the step finishes first (its checkpoint then resumes exactly)
+        assert "interrupted at step 4: saving a checkpoint" in stdout and "[2/2] c2e8-1x32" in stdout
 
 
 def test_sweep_ctrl_c_from_outside_after_each_delay_exits_130_and_resumes(prepared, tmp_path, straight_rows):

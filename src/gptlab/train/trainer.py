@@ -84,6 +84,7 @@ from gptlab.runs.samples import SAMPLES_FILE
 from gptlab.runtime import GptlabError, atomic_write_text
 from gptlab.runtime.config import config_changes, field_defaults
 from gptlab.runtime.device import Runtime, autocast, init_runtime, resolve_precision, rng_state, seed_everything, set_rng_state
+from gptlab.runtime.processes import ctrl_c_at_block_end
 from gptlab.runtime.rundir import claim_run_folder, read_marker
 from gptlab.runtime.threads import BusyWatch, threads_are_automatic
 from gptlab.train.checkpoint import (
@@ -383,16 +384,23 @@ class Trainer:
             self.busy_watch = BusyWatch(torch.get_num_threads(), adapt=threads_are_automatic() and not self.runtime.distributed)
         self.model.train()
         self.started = True  # from here on the run's work is worth keeping, whatever happens
-        status = "finished"
+        status, half_done = "finished", []
         try:
             while self.state.step < self.config.max_steps:
-                self._train_step()
-                out_of_time = self._out_of_time()
+                with ctrl_c_at_block_end(half_done):  # a Ctrl-C ends the step first: the checkpoint resumes exactly
+                    self._train_step()
+                    out_of_time = self._out_of_time()
                 self._periodic(out_of_time)
                 if out_of_time:
                     status = "time limit"
                     break
         except KeyboardInterrupt:
+            if half_done:  # a second Ctrl-C inside a step: its state is half updated, so nothing is saved from it
+                last = list_checkpoints(self.config.out)
+                self.print(f"interrupted twice, inside step {self.state.step + 1}: not saved; "
+                           f"{f'the last checkpoint is {last[-1]}' if last else 'no checkpoint was saved yet'}")
+                self.metrics.close()
+                return self._result("interrupted", last[-1] if last else None)
             self.print(f"interrupted at step {self.state.step}: saving a checkpoint")
             checkpoint = self._save(None)
             self._write_report()
