@@ -53,14 +53,25 @@ def _ignore_ctrl_c(initializer, initargs: tuple) -> None:
 
 
 @contextlib.contextmanager
-def ctrl_c_deferred():
-    """Hold a Ctrl-C that arrives inside the block and raise it as KeyboardInterrupt once the block is done, so a
-    pool is never left half started or half ended. Only the main thread receives signals; elsewhere nothing changes."""
+def ctrl_c_deferred(half_done: list | None = None, *, second_stops: bool = False):
+    """Hold a Ctrl-C that arrives inside the block and raise it as KeyboardInterrupt once the block is done: a pool is
+    never left half started or half ended, a training step finishes whole (weights, optimizer, loader and step count
+    agree, so the checkpoint saved then resumes exactly). `second_stops`: a second Ctrl-C raises at once (a step
+    that takes too long), and `half_done` gets True appended: the block was left half done.
+    Only the main thread receives signals; elsewhere nothing changes."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         yield
         return
     caught = []
-    signal.signal(signal.SIGINT, lambda number, frame: caught.append(number))
+
+    def held(number, frame):
+        caught.append(number)
+        if second_stops and len(caught) > 1:
+            if half_done is not None:
+                half_done.append(True)
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, held)
     try:
         yield
     finally:
@@ -87,30 +98,3 @@ def worker_pool(workers: int, initializer=None, initargs: tuple = ()):
             with ctrl_c_deferred():
                 pool.terminate()
                 pool.join()
-
-
-@contextlib.contextmanager
-def ctrl_c_at_block_end(hard: list | None = None):
-    """A Ctrl-C inside the block is raised as KeyboardInterrupt when the block ends, so a training step finishes whole
-    (weights, optimizer, loader and step count agree: the checkpoint saved then resumes exactly). A second Ctrl-C
-    raises at once, for a step that takes too long; `hard` then gets True appended: the block was left half done.
-    Only the main thread receives signals; elsewhere nothing changes."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield
-        return
-    caught = []
-
-    def held(number, frame):
-        caught.append(number)
-        if len(caught) > 1:
-            if hard is not None:
-                hard.append(True)
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, held)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if caught:
-        raise KeyboardInterrupt

@@ -84,7 +84,7 @@ from gptlab.runs.samples import SAMPLES_FILE
 from gptlab.runtime import GptlabError, atomic_write_text
 from gptlab.runtime.config import config_changes, field_defaults
 from gptlab.runtime.device import Runtime, autocast, init_runtime, resolve_precision, rng_state, seed_everything, set_rng_state
-from gptlab.runtime.processes import ctrl_c_at_block_end
+from gptlab.runtime.processes import ctrl_c_deferred
 from gptlab.runtime.rundir import claim_run_folder, read_marker
 from gptlab.runtime.threads import BusyWatch, threads_are_automatic
 from gptlab.train.checkpoint import (
@@ -387,7 +387,7 @@ class Trainer:
         status, half_done = "finished", []
         try:
             while self.state.step < self.config.max_steps:
-                with ctrl_c_at_block_end(half_done):  # a Ctrl-C ends the step first: the checkpoint resumes exactly
+                with ctrl_c_deferred(half_done, second_stops=True):  # a Ctrl-C ends the step first: exact resume
                     self._train_step()
                     out_of_time = self._out_of_time()
                 self._periodic(out_of_time)
