@@ -64,6 +64,29 @@ def summary_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
+def card_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]] | None:
+    """(headers, rows): the runs' report cards side by side, a row per task and metric, then the aggregates;
+    None when no run has a card (RUN/eval/eval.json, written by `gptlab eval`)."""
+    if not any(run.card for run in runs):
+        return None
+    keys: dict[tuple[str, str], None] = {}
+    for run in runs:
+        for row in (run.card or {}).get("rows", []):
+            keys[(row["task"], f"{row['metric']}, {row['shots']}-shot")] = None
+    names = list(dict.fromkeys(item["name"] for run in runs for item in (run.card or {}).get("aggregates", [])))
+    rows = []
+    for task, metric in keys:
+        cells = []
+        for run in runs:
+            found = [row for row in (run.card or {}).get("rows", []) if (row["task"], f"{row['metric']}, {row['shots']}-shot") == (task, metric)]
+            cells.append(f"{found[0]['score']:.4f} ({found[0]['low']:.2f}-{found[0]['high']:.2f})" if found else "-")
+        rows.append([f"{task} ({metric})", *cells])
+    for name in names:
+        found = [[item for item in (run.card or {}).get("aggregates", []) if item["name"] == name] for run in runs]
+        rows.append([name, *(f"{item[0]['score']:.4f} ({item[0]['low']:.2f}-{item[0]['high']:.2f})" if item else "-" for item in found)])
+    return ["task", *(run.name for run in runs)], rows
+
+
 def text_table(headers: list[str], rows: list[list[str]]) -> str:
     """Aligned columns for a terminal: the first left-aligned, the figures right-aligned."""
     widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(len(headers))]
@@ -134,4 +157,5 @@ def compare_runs(run_dirs: list[str | os.PathLike], out_png: str | os.PathLike |
         for run in runs:
             run.check_axis(x)  # a run without this axis (FLOPs without a config) is refused before anything is drawn
         atomic_write_bytes(out_png, plot_comparison(runs, x))
-    return text_table(*summary_rows(runs))
+    cards = card_rows(runs)
+    return text_table(*summary_rows(runs)) + (f"\n\nreport cards (score and 95% interval):\n{text_table(*cards)}" if cards else "")

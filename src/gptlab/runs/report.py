@@ -46,7 +46,7 @@ def write_report(run_dir: str | os.PathLike) -> Path:
 
 def render_report(run: RunRecord) -> str:
     sections = [_heading(run), _summary(run), _curves(run), _throughput(run), _others(run), _evaluations(run),
-                _samples(run), _key_values("Machine", run.machine, f"no machine.json in {run.path}"),
+                _card(run), _samples(run), _key_values("Machine", run.machine, f"no machine.json in {run.path}"),
                 _key_values("Config", _flatten(run.config) if run.config else None, f"no train_config.json in {run.path}")]
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">{GENERATOR}<title>{escape(run.name)}: gptlab run report</title>"
             f"<style>{STYLE}</style></head>\n<body>\n" + "\n".join(sections) + "\n</body></html>\n")
@@ -155,6 +155,21 @@ def _evaluations(run: RunRecord) -> str:
         final.append(["best val loss", _number(best), ""])
     return ("<h2>Evaluations</h2>\n" + table(["step", "tokens", *keys], rows) + "<h3>Final</h3>\n"
             + table(["figure", "value", "at step"], final))
+
+
+def _card(run: RunRecord) -> str:
+    """The report card `gptlab eval` saved for this run's model (RUN/eval/eval.json), as a table and its aggregates."""
+    if not run.card:
+        return "<h2>Report card</h2>\n" + _note(f"no report card: gptlab eval {run.path} --suite core (or --suite chat) writes one")
+    settings = run.card.get("settings") or {}
+    said = ", ".join(f"{key} {value}" for key, value in settings.items() if isinstance(value, (str, int, float)))
+    rows = [[row["task"], row["shots"], row["metric"], f"{row['score']:.4f}", f"{row['low']:.4f} to {row['high']:.4f}",
+             f"{row['chance']:.2f}", f"{row['n']:,}", row.get("note", "")] for row in run.card["rows"]]
+    aggregates = [[item["name"], f"{item['score']:.4f}", f"{item['low']:.4f} to {item['high']:.4f}", ", ".join(item["tasks"])]
+                  for item in run.card.get("aggregates", [])]
+    return ("<h2>Report card</h2>\n" + _note(f"model {run.card.get('model', '?')}" + (f"; {said}" if said else ""))
+            + table(["task", "shots", "metric", "score", "95% interval", "chance", "n", "note"], rows)
+            + ("<h3>Aggregates</h3>\n" + table(["aggregate", "score", "95% interval", "over"], aggregates) if aggregates else ""))
 
 
 def _samples(run: RunRecord) -> str:
