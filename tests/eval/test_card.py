@@ -24,8 +24,11 @@ def test_card_core_aggregate_is_the_mean_centred_accuracy_as_dclm_defines_it():
     aggregate = centred_mean("CORE", rows)
     expected = ((0.6 - 0.25) / 0.75 + (0.7 - 0.5) / 0.5 + 0.3) / 3
     assert aggregate.score == pytest.approx(expected)
-    half = 1.959964 * math.sqrt(sum(r.score * (1 - r.score) / r.n / (1 - r.chance) ** 2 for r in rows)) / 3
-    assert (aggregate.low, aggregate.high) == pytest.approx((expected - half, expected + half))
+    # each task's standard error read off its own (Wilson) interval, so 0 right of n still has a spread
+    half = 1.959964 * math.sqrt(sum(((r.high - r.low) / (2 * 1.959964) / (1 - r.chance)) ** 2 for r in rows)) / 3
+    assert (aggregate.low, aggregate.high) == pytest.approx((expected - half, expected + half), abs=1e-6)
+    none_right = centred_mean("ChatCORE", [proportion_row("gsm8k", shots=0, metric="acc", right=0, n=12)])
+    assert none_right.score == 0 and none_right.high > 0.1
     assert aggregate.tasks == ("arc_easy", "piqa", "lambada")
 
 

@@ -12,7 +12,8 @@ Centred accuracy and its mean are CORE's definition (Li et al. 2024, DataComp-LM
 appendix G; nanochat's base_eval): each task's accuracy is rescaled so that guessing scores 0 and a
 perfect answer 1, then the rescaled numbers are averaged. ChatCORE (nanochat's chat_eval) is the same
 over the chat tasks. The interval of a mean of centred accuracies treats the tasks as independent:
-variance = sum_i var(acc_i) / (1 - chance_i)^2 / T^2, var(acc_i) = acc_i (1 - acc_i) / n_i.
+variance = sum_i se_i^2 / (1 - chance_i)^2 / T^2, where se_i is read off row i's own 95% interval,
+(high - low) / (2 x 1.96): never zero at 0 or n right, where the plain acc (1 - acc) / n would be.
 
 Rows from a proportion (k right of n) carry the Wilson interval; rows from a mean score (a judge's
 1-10 grades) carry the t interval (gptlab.eval.stats). Not here: producing the scores (the tasks,
@@ -94,7 +95,7 @@ def centred_mean(name: str, rows: Sequence[CardRow]) -> Aggregate:
     if not rows:
         raise GptlabError(f"{name}: no tasks to aggregate")
     mean = math.fsum(row.centred for row in rows) / len(rows)
-    variance = math.fsum(row.score * (1 - row.score) / max(row.n, 1) / (1 - row.chance) ** 2 for row in rows) / len(rows) ** 2
+    variance = math.fsum(((row.high - row.low) / (2 * Z95) / (1 - row.chance)) ** 2 for row in rows) / len(rows) ** 2
     half = Z95 * math.sqrt(variance)
     return Aggregate(name, mean, mean - half, mean + half, tuple(row.task for row in rows))
 
