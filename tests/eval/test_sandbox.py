@@ -1,0 +1,189 @@
+"""The code sandbox: each test runs a small program and checks both the status and that the fence held
+(no child ran, the outside file is untouched, the server saw no connection, the process group is gone)."""
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gptlab.eval.sandbox import SandboxResult, run_program, run_programs
+from gptlab.runtime import GptlabError
+
+
+def run(source: str, **options) -> SandboxResult:
+    options.setdefault("timeout", 10.0)
+    return run_program(textwrap.dedent(source), **options)
+
+
+def test_run_program_passes_a_program_that_runs_to_its_end():
+    result = run(
+        """
+        import collections, math
+        assert math.sqrt(16) == 4
+        print(collections.Counter("abca").most_common(1))
+        """
+    )
+    assert (result.status, result.passed) == ("passed", True)
+    assert result.output == "[('a', 2)]\n"
+
+
+def test_run_program_fails_a_failing_assert_and_keeps_its_traceback():
+    result = run("def add(a, b):\n    return a - b\nassert add(1, 2) == 3, 'wrong sum'\n")
+    assert (result.status, result.passed) == ("failed", False)
+    assert "AssertionError: wrong sum" in result.output
+    assert "sandbox_launcher" not in result.output  # the traceback starts at the program
+
+
+@pytest.mark.parametrize("exit_call", ["import sys; sys.exit(0)", "import os; os._exit(0)", "exit()"])
+def test_run_program_fails_a_program_that_exits_before_its_tests(exit_call):
+    result = run(f"{exit_call}\nassert False, 'the tests'\n")
+    assert (result.status, result.passed) == ("failed", False)
+
+
+def test_run_program_stops_an_endless_loop_and_its_process_group():
+    result = run("import os\nprint(os.getpid(), flush=True)\nwhile True:\n    pass\n", timeout=1.0)
+    assert (result.status, result.passed) == ("timeout", False)
+    pid = int(result.output.split()[0])
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)  # it led its own group: nothing of it is left
+
+
+def test_run_program_reports_memory_when_allocation_is_unbounded():
+    result = run("blocks = []\nwhile True:\n    blocks.append(bytearray(10**7))\n", memory_mb=200)
+    assert (result.status, result.passed) == ("memory", False)
+    assert "MemoryError" in result.output
+
+
+@pytest.mark.parametrize(
+    "spawn",
+    [
+        "import os\npid = os.fork()\nif pid == 0:\n    open(MARKER, 'w').close()\n    print('CHILD RAN', flush=True)\n    os._exit(0)\n",
+        "import subprocess, sys\nsubprocess.run([sys.executable, '-c', f'open({MARKER!r}, \"w\").close()'])\n",
+        "import os\nos.system(f'touch {MARKER}')\n",
+        "import os, sys\nos.execv(sys.executable, [sys.executable, '-c', f'open({MARKER!r}, \"w\").close()'])\n",
+        "import ctypes\nctypes.CDLL(None).system(f'touch {MARKER}'.encode())\n",
+        # a second copy of _posixsubprocess would carry the real fork_exec
+        "import importlib.util\nspec = importlib.util.find_spec('_posixsubprocess')\nimportlib.util.module_from_spec(spec)\n",
+    ],
+    ids=["fork", "subprocess", "system", "exec", "ctypes", "posixsubprocess"],
+)
+def test_run_program_blocks_new_processes(tmp_path, spawn):
+    marker = tmp_path / "child_ran"
+    # The refusal is caught, as a sloppy completion might: the attempt still makes the result "blocked".
+    body = textwrap.indent(spawn, "    ")
+    result = run(f"MARKER = {str(marker)!r}\ntry:\n{body}except PermissionError:\n    pass\n")
+    assert (result.status, result.passed) == ("blocked", False)
+    assert not marker.exists()
+    assert "CHILD RAN" not in result.output
+
+
+@pytest.mark.parametrize(
+    "attempt",
+    [
+        "open(NEW, 'w').write('x')",
+        "open(KEEP, 'a').write('x')",
+        "import pathlib; pathlib.Path(KEEP).write_text('x')",
+        "import os; os.remove(KEEP)",
+        "import os; os.rename(KEEP, 'moved.txt')",
+        "import shutil; shutil.rmtree(os.path.dirname(KEEP))",
+        "import os; os.symlink(os.path.dirname(KEEP), 'link'); open('link/new.txt', 'w').write('x')",
+        "import os; os.link(KEEP, 'hard.txt'); open('hard.txt', 'w').write('x')",
+        "import os; os.chdir(os.path.dirname(KEEP)); open('new.txt', 'w').write('x')",
+        "import os; fd = os.open(os.path.dirname(KEEP), os.O_RDONLY); os.open('new.txt', os.O_CREAT | os.O_WRONLY, dir_fd=fd)",
+        "import sqlite3; sqlite3.connect(NEW).execute('create table t (x)')",
+    ],
+    ids=["create", "append", "pathlib", "remove", "rename", "rmtree", "symlink", "hardlink", "chdir", "dir-fd", "sqlite"],
+)
+def test_run_program_blocks_changes_outside_its_folder(tmp_path, attempt):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    keep, new = outside / "keep.txt", outside / "new.txt"
+    keep.write_text("keep")
+    result = run(f"import os\nKEEP, NEW = {str(keep)!r}, {str(new)!r}\n{attempt}\n")
+    assert (result.status, result.passed) == ("blocked", False)
+    assert sorted(path.name for path in outside.iterdir()) == ["keep.txt"]
+    assert keep.read_text() == "keep"
+
+
+def test_run_program_blocks_the_network_and_the_server_sees_no_connection():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        result = run(f"import socket\nsocket.socket().connect(('127.0.0.1', {port}))\n")
+        assert (result.status, result.passed) == ("blocked", False)
+        server.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            server.accept()
+
+
+@pytest.mark.parametrize(
+    "kill",
+    ["os.kill(VICTIM, signal.SIGKILL)", "signal.pidfd_send_signal(os.pidfd_open(VICTIM), signal.SIGKILL)"],
+    ids=["kill", "pidfd"],
+)
+def test_run_program_blocks_killing_another_process(kill):
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        result = run(f"import os, signal\nVICTIM = {victim.pid}\n{kill}\n")
+        assert (result.status, result.passed) == ("blocked", False)
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_run_program_works_in_its_own_folder_and_removes_it():
+    result = run(
+        """
+        import os, tempfile
+        with open("notes.txt", "w") as handle:
+            handle.write("hi")
+        os.mkdir("sub")
+        os.rename("notes.txt", "sub/notes.txt")
+        descriptor, path = tempfile.mkstemp()
+        os.close(descriptor)
+        os.remove(path)
+        assert open("sub/notes.txt").read() == "hi"
+        print(os.getcwd(), os.environ["HOME"], tempfile.gettempdir())
+        """
+    )
+    assert (result.status, result.passed) == ("passed", True)
+    folder, home, temporary = result.output.split()
+    assert folder == home == temporary
+    assert not os.path.exists(folder)
+
+
+def test_run_program_reports_error_when_the_interpreter_cannot_run_the_launcher():
+    result = run("print('hi')\n", python="true")  # exits 0 without running anything
+    assert (result.status, result.passed) == ("error", False)
+
+
+def test_run_programs_returns_results_in_input_order():
+    sources = ["import time\ntime.sleep(0.3)\nprint('first')\n", "print('second')\n", "assert False\n", "print('fourth')\n"]
+    results = run_programs(sources, workers=2, timeout=10.0)
+    assert [result.status for result in results] == ["passed", "passed", "failed", "passed"]
+    assert [result.output for result in results[:2]] + [results[3].output] == ["first\n", "second\n", "fourth\n"]
+
+
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        ({"timeout": 0}, "timeout=0"),
+        ({"memory_mb": 8}, "memory_mb=8"),
+        ({"python": "/no/such/python"}, "/no/such/python"),
+    ],
+)
+def test_run_program_rejects_unusable_options_in_one_line(options, named):
+    with pytest.raises(GptlabError, match=named):
+        run_program("pass\n", **options)
+
+
+def test_run_programs_rejects_zero_workers():
+    with pytest.raises(GptlabError, match="workers=0"):
+        run_programs(["pass\n"], workers=0)
