@@ -6,6 +6,7 @@ A source is named by one string, the first argument of `gptlab data prepare`:
     data/*.txt  notes.txt  books/            local files, globs, directories (searched for .txt/.jsonl/.parquet)
     hf:roneneldan/TinyStories                a Hugging Face dataset, streamed
     hf:HuggingFaceFW/fineweb-edu:sample-10BT a dataset and its config
+    hf:allenai/ai2_arc:ARC-Easy@210d026f...   a dataset, its config, at a pinned revision (commit, tag or branch)
     hf:/path/to/local/dataset                a local dataset directory (data files, or save_to_disk's output),
                                              through the same `datasets` code path
 
@@ -286,7 +287,7 @@ def _refuse_wide_text(path: Path, head: bytes) -> None:
 
 
 class HuggingFaceSource(Source):
-    """`hf:NAME[:CONFIG]`, streamed with `datasets.load_dataset(NAME, CONFIG, split=..., streaming=True)`.
+    """`hf:NAME[:CONFIG][@REVISION]`, streamed with `datasets.load_dataset(NAME, CONFIG, split=..., streaming=True, revision=...)`.
 
     A hub dataset is loaded only after one request shows the hub answers: when it
     does not, huggingface_hub would retry five times with backoff (about 25 s of
@@ -295,6 +296,11 @@ class HuggingFaceSource(Source):
 
     def __post_init__(self) -> None:
         name = self.spec[len("hf:") :]
+        self.revision = None  # a commit, tag or branch of the hub dataset: results name exactly what they were computed on
+        if "@" in name and not os.path.exists(name):
+            name, _, self.revision = name.rpartition("@")
+            if not name or not self.revision:
+                raise GptlabError(f"{self.spec}: write a pinned dataset as hf:NAME[:CONFIG]@REVISION, e.g. hf:allenai/ai2_arc:ARC-Easy@main")
         self.name, self.config = name, None
         head, _, tail = name.rpartition(":")
         if head and tail and "/" not in tail and not os.path.exists(name):
@@ -304,7 +310,8 @@ class HuggingFaceSource(Source):
         self._dataset = None
 
     def describe(self) -> dict:
-        return {"kind": "huggingface", "name": self.name, "config": self.config, "split": self.options.split, "text_field": self.options.text_field}
+        described = {"kind": "huggingface", "name": self.name, "config": self.config, "split": self.options.split, "text_field": self.options.text_field}
+        return described | ({"revision": self.revision} if self.revision else {})
 
     def check(self) -> None:
         """Load the dataset (the hub's answer or the local files) and its column names, when it declares them."""
@@ -325,7 +332,8 @@ class HuggingFaceSource(Source):
                 if _saved_to_disk(self.name):
                     self._dataset = self._load_saved(datasets)
                 else:
-                    self._dataset = datasets.load_dataset(self.name, self.config, split=self.options.split, streaming=True)
+                    pinned = {"revision": self.revision} if self.revision else {}
+                    self._dataset = datasets.load_dataset(self.name, self.config, split=self.options.split, streaming=True, **pinned)
             except (ConnectionError, OSError, ValueError, FileNotFoundError) as error:
                 raise GptlabError(self._explain(error)) from None
             except Exception as error:  # datasets/huggingface_hub raise their own types for hub failures
@@ -347,6 +355,7 @@ class HuggingFaceSource(Source):
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         where = "the local dataset" if os.path.exists(self.name) else "the Hugging Face hub (is it reachable from here?)"
         config = f" config {self.config!r}" if self.config else ""
+        config += f" revision {self.revision!r}" if self.revision else ""
         return f"cannot load dataset {self.name!r}{config} split {self.options.split!r} from {where}: {first}"
 
     def records(self) -> Iterator[dict]:
