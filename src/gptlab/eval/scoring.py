@@ -47,7 +47,7 @@ def count_truncated(requests: Sequence[Request], block_size: int) -> int:
     return sum(len(context) + len(continuation) - 1 > block_size for context, continuation in requests)
 
 
-def _fit(context: Sequence[int], continuation: Sequence[int], block_size: int) -> list[int]:
+def fit_request(context: Sequence[int], continuation: Sequence[int], block_size: int) -> list[int]:
     """The tokens that go into the model: context + continuation, cut on the left to block_size + 1."""
     if not continuation:
         raise GptlabError("a continuation is empty: there is nothing to score")
@@ -67,7 +67,7 @@ def score_continuations(
         raise GptlabError(f"batch_size must be at least 1, got {batch_size}")
     device = torch.device(device) if device is not None else next(model.parameters()).device
     block_size = model.config.block_size
-    rows = [_fit(context, continuation, block_size) for context, continuation in requests]
+    rows = [fit_request(context, continuation, block_size) for context, continuation in requests]
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]), reverse=True)
     scores: list[Score | None] = [None] * len(rows)
     was_training = model.training
