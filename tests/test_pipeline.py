@@ -8,6 +8,7 @@ import pytest
 from gptlab.cli.main import main
 from gptlab.data.corpus import shakespeare_files
 from gptlab.data.shards import open_shard, split_shards
+from gptlab.eval.card import Card
 from gptlab.model.io import load_model
 from gptlab.tokenizer import Tokenizer
 
@@ -18,7 +19,7 @@ SMALL = [
     "--train.checkpoint-every", "6", "--train.log-every", "1", "--train.precision", "fp32", "--sample.max-new-tokens", "20",
     "--sft.data", "task:arithmetic[n=300], task:sorting[n=300]", "--sft.max-steps", "4", "--sft.batch-tokens", "1024",
     "--sft.micro-batch", "8", "--sft.eval-every", "2", "--sft.eval-batches", "2", "--sft.task-examples", "8",
-    "--sft.precision", "fp32",
+    "--sft.precision", "fp32", "--card-examples", "12",
 ]
 
 
@@ -72,7 +73,7 @@ def test_run_goes_from_corpus_to_samples_and_reports_every_figure(finished):
     assert load_model(checkpoint).config.vocab_size == 512
 
     # Evaluation and sampling are reported.
-    assert "val bits per byte" in log and "[7/9] sample" in log
+    assert "val bits per byte" in log and "[7/10] sample" in log
 
     # Fine-tuning: the chat model in OUT/sft, task accuracy before and after, a conversation, how to talk to it.
     sft = out / "sft" / "checkpoints" / "step_000004"
@@ -80,8 +81,14 @@ def test_run_goes_from_corpus_to_samples_and_reports_every_figure(finished):
     assert load_model(sft).config.vocab_size == chat_tokenizer.vocab_size == 512 + 5
     assert chat_tokenizer.encode_ordinary("To be, or not") == tokenizer.encode_ordinary("To be, or not")
     assert "arithmetic_accuracy:" in log and "sorting_accuracy:" in log and "before fine-tuning" in log
-    assert "[9/9] chat" in log and log.count("assistant: ") == 2 and f"gptlab chat {out / 'sft'}" in log
+    assert "[9/10] chat" in log and log.count("assistant: ") == 2 and f"gptlab chat {out / 'sft'}" in log
     assert f"gptlab dpo --init {out / 'sft'}" in log  # and how to align it
+
+    # Report cards: the base model on the held-out works, the chat model on the tasks' held-out questions, saved.
+    base, chat = Card.load(out / "train" / "eval" / "eval.json"), Card.load(out / "sft" / "eval" / "eval.json")
+    assert [(row.task, row.n, row.chance) for row in base.rows] == [("next_line", 12, 0.25), ("last_word", 12, 0.0)]
+    assert [(row.task, row.n) for row in chat.rows] == [("arithmetic", 12), ("sorting", 12)]
+    assert "[10/10] report cards" in log and base.text().splitlines()[2] in log and chat.aggregates[0].name in log
 
 
 def test_rerunning_the_same_run_reuses_every_finished_stage_and_changes_nothing(finished, capsys):
@@ -178,8 +185,8 @@ def test_ctrl_c_during_fine_tuning_stops_with_130_and_the_same_command_resumes_i
     out = tmp_path / "run"
     assert main(["run", "--out", str(out), *SMALL]) == 130
     log = capsys.readouterr().out
-    assert "interrupted: rerun the same command to resume" in log and "[9/9]" not in log
+    assert "interrupted: rerun the same command to resume" in log and "[9/10]" not in log
     assert sorted(p.name for p in (out / "sft" / "checkpoints").iterdir()) == ["step_000002"]
     assert main(["run", "--out", str(out), *SMALL]) == 0
     log = capsys.readouterr().out
-    assert "already finished" in log and "step_000002 at step 2" in log and "[9/9] chat" in log
+    assert "already finished" in log and "step_000002 at step 2" in log and "[9/10] chat" in log

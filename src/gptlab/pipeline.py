@@ -25,6 +25,7 @@ from pathlib import Path
 from gptlab.align.sft import SFTConfig, SFTResult, run_sft, sft_cpu
 from gptlab.data.corpus import corpus_files
 from gptlab.data.prepare import PrepareConfig, prepare_shards
+from gptlab.eval.card import CARD_FILE, Card, proportion_row
 from gptlab.eval.loss import evaluate_split as evaluate_loss_on_split
 from gptlab.infer.generate import SamplingConfig, generate
 from gptlab.model import ModelConfig
@@ -76,10 +77,13 @@ class RunConfig:
     train: TrainConfig = field(default_factory=lambda: dataclasses.replace(shakespeare_cpu(), max_steps=10**9, time_limit=DEMO_SECONDS))  # data, out, tokenizer: the run's
     sample: SampleStageConfig = field(default_factory=SampleStageConfig)
     sft: SFTConfig = field(default_factory=sft_cpu)  # fine-tuning for chat; init_from, out and model are set by the run
+    card_examples: int = 200  # questions per task on the report cards (95% intervals about +-0.07 wide at 200)
 
     def __post_init__(self) -> None:
         if self.val_every < 2:
             raise GptlabError(f"val_every must be at least 2 (one document in val_every is held out), got {self.val_every}")
+        if self.card_examples < 1:
+            raise GptlabError(f"card_examples must be at least 1 question per task, got {self.card_examples}")
 
 
 # Fields `gptlab run` sets itself, so setting them would be silently ignored: refused instead.
@@ -95,9 +99,9 @@ FIXED_FIELDS = {
     **{f"sft.model.{name.name}": "the fine-tuned model is the run's pretrained model (set --train.model.*)"
        for name in dataclasses.fields(ModelConfig) if name.name != "dropout"},
 }
-FREE_FIELDS = ("out", "sample", *(f"{stage}.{name}" for stage in ("train", "sft") for name in TRAIN_FREE_FIELDS))
+FREE_FIELDS = ("out", "sample", "card_examples", *(f"{stage}.{name}" for stage in ("train", "sft") for name in TRAIN_FREE_FIELDS))
 RUN_FILES = ("config.json", "tokenizer", "data", "train", "sft")
-STAGES = 9
+STAGES = 10
 
 
 @dataclass
@@ -148,6 +152,7 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
     log(text)
     tuned = sft_stage(config, out, train_config, trained, runtime, log)
     conversation = conversation_stage(tuned, config.sft.eval_tasks(), runtime, log)
+    card_stage(config, model, tokenizer, tuned, runtime, log)
     log(f"done: artefacts in {out}/ (loss plots: {out / 'train' / 'loss.png'}, {out / 'sft' / 'loss.png'})")
     log(f"talk to it: gptlab chat {out / 'sft'}   or serve it (OpenAI API and web chat): gptlab serve {out / 'sft'}")
     log(f"align it: gptlab dpo --init {out / 'sft'} --out runs/dpo   or gptlab grpo ... (README, stage 7)")
@@ -193,6 +198,35 @@ def conversation_stage(tuned: SFTResult, tasks: list, runtime, log) -> list[dict
             log(f"      assistant: {response}   [{'correct' if correct else 'wrong'}]")
             turns.append({"task": task.name, "question": question, "response": response, "correct": correct})
     return turns
+
+
+def card_stage(config: RunConfig, model, tokenizer: Tokenizer, tuned: SFTResult, runtime, log) -> tuple[Card, Card]:
+    """Report cards (gptlab.eval.card) of the base model, on benchmarks cut from the held-out works, and of the chat
+    model, on the fine-tuning tasks' held-out questions; saved as OUT/train/eval/eval.json and OUT/sft/eval/eval.json."""
+    from gptlab.chat import ChatFormat
+    from gptlab.data.match import find_model_tokenizer
+    from gptlab.eval.chat import evaluate_task as evaluate_chat_task
+    from gptlab.eval.tasks.heldout import evaluate_held_out
+
+    log(f"[10/{STAGES}] report cards: the base model on the held-out works, the chat model on held-out questions")
+    files = corpus_files(config.corpus)[config.val_every - 1 :: config.val_every]
+    texts = [path.read_text(encoding="utf-8") for path in files]
+    rows, _ = evaluate_held_out(model, tokenizer.encode_ordinary, texts, n=config.card_examples)
+    base = Card(str(Path(config.out) / "train"), rows, settings={"suite": "held-out", "examples": config.card_examples})
+    base.add_aggregate("CORE-style (held-out)", rows)
+    chat_model = load_model(tuned.train.checkpoint, device=runtime.device)
+    chat = ChatFormat(find_model_tokenizer(tuned.train.checkpoint))
+    chat_card = Card(str(Path(config.out) / "sft"), settings={"suite": "fine-tuning tasks", "examples": config.card_examples})
+    for task in config.sft.eval_tasks():
+        result = evaluate_chat_task(chat_model, chat, task, n=min(config.card_examples, getattr(task, "test_size", config.card_examples)))
+        chat_card.add(proportion_row(task.name, shots=0, metric="accuracy", right=result["correct"], n=result["total"]))
+    chat_card.add_aggregate("ChatCORE-style", chat_card.rows)
+    for card, folder, what in ((base, "train", "base model"), (chat_card, "sft", "chat model")):
+        path = card.save(Path(config.out) / folder / "eval" / CARD_FILE)
+        log(f"      {what} ({Path(config.out) / folder}), saved in {path}:")
+        log("\n".join("        " + line for line in card.text().splitlines()))
+    log("      near chance at this size: the 95% intervals say how far from it each score is")
+    return base, chat_card
 
 
 def prepare_stages(config: RunConfig, folder: RunFolder, log, color: bool):
