@@ -1,7 +1,16 @@
-"""`gptlab eval`: a saved model's val loss and bits per byte on prepared shards, and its HellaSwag accuracy.
+"""`gptlab eval`: how good a model is: its report card (benchmarks, a judge), and val loss and bits per byte.
 
+    gptlab eval runs/shakespeare/train --suite core --tasks mmlu --task-data mmlu=../shared/data/eval/mmlu --limit 100
+    gptlab eval gpt2 --suite core --bundle download            # DCLM's 22 CORE tasks, as nanochat reports them
+    gptlab eval runs/shakespeare/sft --suite chat --tasks spelling,gsm8k --task-data gsm8k=hf:/data/gsm8k
+    gptlab eval runs/shakespeare/sft --judge http://127.0.0.1:8000 --alpaca alpaca_eval.jsonl --safety sst.csv
     gptlab eval --checkpoint runs/shakespeare/train/checkpoints/step_000600 --data runs/shakespeare/data
     gptlab eval --checkpoint gpt2 --task hellaswag --limit 1000
+
+The card (gptlab.eval.suite) is printed and saved as OUT/eval.json with OUT/examples.jsonl (every question as
+asked, few-shot ids included, and how it was scored). OUT is --out, else RUN/eval when the model belongs to a
+training run (so `gptlab runs report RUN` shows the card); a folder is claimed as gptlab's run folders are:
+another evaluation's folder with other settings, or a folder of other files, is refused.
 
 The model is any folder gptlab makes or reads (gptlab.cli.common): a run
 folder (its newest checkpoint, or RUN/best), a checkpoint, a Hugging Face
@@ -17,22 +26,45 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gptlab.cli.common import DEVICE_HELP, add_model_argument, load_model_from, load_model_tokenizer, model_path, positive
+from gptlab.cli.common import DEVICE_HELP, load_model_from, load_model_tokenizer, model_path, positive
 from gptlab.runtime import GptlabError
 
 TASK_NAMES = ("hellaswag",)
+EVAL_FILES = ("eval.json", "examples.jsonl")  # what an evaluation writes into its folder
 
 
 def register(stages) -> None:
-    parser = stages.add_parser("eval", help="evaluate a model: val loss and bits per byte, HellaSwag accuracy")
-    add_model_argument(parser)
+    parser = stages.add_parser("eval", help="evaluate a model: a report card (CORE, chat tasks, an LM judge), val bits per byte")
+    parser.add_argument("model", nargs="?", metavar="MODEL", help="the model (as --checkpoint)")
+    parser.add_argument("--checkpoint", metavar="MODEL", help="a run folder, a checkpoint, a Hugging Face folder or a cached hub name")
+    card = parser.add_argument_group("report card")
+    card.add_argument("--suite", choices=("core", "chat"), help="core: few-shot likelihood tasks (CORE); chat: conversations checked")
+    card.add_argument("--tasks", metavar="LIST", help="comma-separated tasks of the suite (default: all of them)")
+    card.add_argument("--task-data", action="append", default=[], metavar="TASK=SOURCE",
+                      help="a task's data: a .jsonl/.parquet file, a folder, or hf:NAME[:CONFIG][@REVISION] (repeatable)")
+    card.add_argument("--bundle", metavar="DIR|download", help="DCLM's eval bundle: its 22 CORE tasks (download: into the cache)")
+    card.add_argument("--shots", type=int, metavar="K", help="few-shot examples per question for every task (default: CORE's)")
+    card.add_argument("--seed", type=int, default=1234, help="few-shot choice and sampling seed (default 1234)")
+    card.add_argument("--samples", type=positive, default=1, metavar="N", help="code tasks: samples per problem for pass@k (default 1)")
+    card.add_argument("--k", default="1", metavar="LIST", help="code tasks: the k of pass@k, comma-separated (default 1)")
+    card.add_argument("--out", metavar="DIR", help="where eval.json and examples.jsonl go (default RUN/eval for a run's model)")
+    card.add_argument("--force", action="store_true", help="replace an earlier evaluation's files in --out")
+    judge = parser.add_argument_group("LM judge")
+    judge.add_argument("--judge", metavar="URL", help="an OpenAI-compatible server that judges (gptlab serve, llama-server, vLLM)")
+    judge.add_argument("--judge-model", metavar="NAME", help="the judge's model name at that server")
+    judge.add_argument("--judge-key-env", default="GPTLAB_JUDGE_API_KEY", metavar="VAR",
+                       help="environment variable holding the judge's API key (default GPTLAB_JUDGE_API_KEY; unset: none)")
+    judge.add_argument("--judge-prompts", metavar="DIR", help="a folder of prompt files replacing the judge's (pairwise.md, ...)")
+    judge.add_argument("--alpaca", metavar="FILE", help="AlpacaEval instructions with reference outputs: win rate, 1-10 grade")
+    judge.add_argument("--safety", metavar="FILE", help="harmful requests (SimpleSafetyTests CSV): the share refused")
+    judge.add_argument("--benign", metavar="FILE", help="benign requests: the share wrongly refused (default with --safety: built in)")
     parser.add_argument("--data", metavar="DIR", help="prepared shards (`gptlab data prepare`): loss and bits per byte of --split")
     parser.add_argument("--split", default="val", help="split of --data to evaluate, all of it (default val)")
     parser.add_argument("--seq-len", type=positive, metavar="T", help="tokens per window for --data (default: the model's block size)")
     parser.add_argument("--task", choices=TASK_NAMES, help="a benchmark to score by log-likelihood")
     parser.add_argument("--hellaswag-path", metavar="FILE",
                         help="hellaswag_val.jsonl (default: the gptlab cache, downloaded on first use)")
-    parser.add_argument("--limit", type=positive, metavar="N", help="evaluate the task's first N examples only")
+    parser.add_argument("--limit", type=positive, metavar="N", help="each task's (or judge file's) first N questions only")
     parser.add_argument("--tokenizer", "-t", metavar="DIR|NAME", help="tokenizer folder or gpt2 (default: the model's own)")
     parser.add_argument("--batch-size", type=positive, default=16, metavar="B", help="rows per forward pass (default 16)")
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
@@ -46,12 +78,21 @@ def register(stages) -> None:
 
 def check_usage(args: argparse.Namespace) -> None:
     """Mistakes in the command line itself exit 2, like argparse's own."""
-    if not args.data and not args.task and not args.harness:
-        args.usage_error("nothing to evaluate: give --data DIR, --task hellaswag and/or --harness TASKS")
+    if args.model and args.checkpoint:
+        args.usage_error(f"give the model once: MODEL {args.model} or --checkpoint {args.checkpoint}")
+    args.checkpoint = args.checkpoint or args.model
+    if not args.checkpoint:
+        args.usage_error("which model? pass MODEL (a run folder, a checkpoint, a Hugging Face folder)")
+    if (args.alpaca or args.safety or args.benign or args.judge_model or args.judge_prompts) and not args.judge:
+        args.usage_error("--alpaca, --safety, --benign, --judge-model and --judge-prompts go with --judge URL")
+    if not (args.data or args.task or args.harness or args.suite or args.judge):
+        args.usage_error("nothing to evaluate: give --suite core|chat, --judge URL, --data DIR, --task hellaswag and/or --harness TASKS")
     if args.hellaswag_path and args.task != "hellaswag":
         args.usage_error("--hellaswag-path goes with --task hellaswag")
-    if args.limit is not None and not (args.task or args.harness):
-        args.usage_error("--limit goes with --task or --harness")
+    if args.limit is not None and not (args.task or args.harness or args.suite or args.judge):
+        args.usage_error("--limit goes with --suite, --judge, --task or --harness")
+    if args.out and not (args.suite or args.judge):
+        args.usage_error("--out holds a report card: it goes with --suite or --judge")
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -63,9 +104,12 @@ def run_eval(args: argparse.Namespace) -> int:
     try:
         path = model_path(args.checkpoint)
         tokenizer, name = load_model_tokenizer(args.checkpoint, path, _config_only(path), args.tokenizer,
-                                               required=bool(args.task or args.harness or args.data))
+                                               required=bool(args.task or args.harness or args.data or args.suite or args.judge))
         if args.data:
             check_tokenizer(args.data, tokenizer, name)  # before the weights are even read: mismatched ids mean nothing
+        config = eval_config(args) if args.suite or args.judge else None  # every option checked before the weights load
+        chat = chat_format(tokenizer, config)
+        out = claim_out(args, path, config) if config and runtime.is_main else None  # rank 0 writes the card
         model, _ = load_model_from(str(path), device=runtime.device)
         model.eval()
         context = autocast(runtime.device, resolve_precision(args.precision, runtime.device))
@@ -76,9 +120,117 @@ def run_eval(args: argparse.Namespace) -> int:
             evaluate_task(model, tokenizer, args, context, say)
         if args.harness:
             evaluate_with_harness(model, tokenizer, args, say)
+        if config:
+            evaluate_card_to(out, model, tokenizer, chat, config, context, runtime, args, say)
     finally:
         shutdown_runtime(runtime)
     return 0
+
+
+def eval_config(args: argparse.Namespace):
+    """The report card's settings from the command line, checked (gptlab.eval.suite.EvalConfig)."""
+    from gptlab.eval.suite import EvalConfig, JudgeSettings
+
+    task_data = {}
+    for item in args.task_data:
+        task, _, source = item.partition("=")
+        if not task or not source:
+            raise GptlabError(f"--task-data {item!r}: write TASK=SOURCE, e.g. --task-data mmlu=data/mmlu")
+        task_data[task.strip()] = source.strip()
+    judge = None
+    if args.judge:
+        judge = JudgeSettings(url=args.judge, model=args.judge_model, key_env=args.judge_key_env, prompts=args.judge_prompts,
+                              alpaca=args.alpaca, safety=args.safety, benign=args.benign)
+    return EvalConfig(suite=args.suite, tasks=_names(args.tasks, "--tasks"), task_data=task_data, bundle=_bundle(args.bundle),
+                      shots=args.shots, seed=args.seed, limit=args.limit, samples=args.samples,
+                      k=tuple(int(k) for k in _names(args.k, "--k", numbers=True)), batch_size=args.batch_size, judge=judge)
+
+
+def _names(text: str | None, flag: str, numbers: bool = False) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in (text or "").split(",") if name.strip())
+    if numbers and not all(name.isdigit() for name in names):
+        raise GptlabError(f"{flag} {text!r}: give whole numbers separated by commas, e.g. {flag} 1,10")
+    return names
+
+
+def _bundle(spec: str | None) -> str | None:
+    """--bundle DIR, or `download`: DCLM's bundle fetched into the gptlab cache (once)."""
+    if spec is None:
+        return None
+    from gptlab.eval.tasks.bundle import bundle_folder, is_bundle
+
+    if spec == "download":
+        return str(bundle_folder(download=True))
+    if not Path(spec).is_dir() or not is_bundle(spec):
+        raise GptlabError(f"--bundle {spec} is not a DCLM eval bundle folder (core.yaml, eval_data/, eval_meta_data.csv); "
+                          "pass its folder, or --bundle download")
+    return spec
+
+
+def chat_format(tokenizer, config):
+    """The chat format when the tokenizer has gptlab's chat tokens (None otherwise: a base model)."""
+    from gptlab.chat import ChatFormat
+
+    if tokenizer is None or config is None or not (config.suite == "chat" or config.judge):
+        return None
+    try:
+        return ChatFormat(tokenizer)
+    except GptlabError:
+        raise GptlabError("--suite chat and --judge talk to a chat model (one with gptlab's chat tokens, made by `gptlab sft`); "
+                          "this model's tokenizer has none: use --suite core for a base model") from None
+
+
+def run_folder_of(path: Path) -> Path | None:
+    """The training run a model folder belongs to (the nearest folder above holding metrics.jsonl), if any."""
+    for folder in [path, *path.parents][:4]:
+        if (folder / "metrics.jsonl").is_file():
+            return folder
+    return None
+
+
+def claim_out(args: argparse.Namespace, path: Path, config):
+    """The folder the card goes to (--out, else RUN/eval), claimed before any compute; None: print only."""
+    from dataclasses import asdict
+
+    from gptlab.runtime.rundir import claim_run_folder
+
+    run = run_folder_of(path.resolve())
+    out = Path(args.out) if args.out else (run / "eval" if run is not None else None)
+    if out is None:
+        return None
+    settings = {"model": str(path.resolve()), **{key: value for key, value in asdict(config).items() if key != "batch_size"}}
+    return claim_run_folder(out, command="eval", config=json_safe(settings), ours=EVAL_FILES, force=args.force)
+
+
+def json_safe(value):
+    import json
+
+    return json.loads(json.dumps(value, default=str))
+
+
+def evaluate_card_to(folder, model, tokenizer, chat, config, context, runtime, args, say) -> None:
+    """Run the card, print it, save eval.json and examples.jsonl (rank 0); a refusal before compute undoes the folder."""
+    import json
+
+    from gptlab.eval.suite import evaluate_card
+    from gptlab.runtime import atomic_write_text
+
+    try:
+        card, examples = evaluate_card(model, config, encode=tokenizer.encode_ordinary, chat=chat, autocast=context,
+                                       progress=True, name=str(args.checkpoint))
+    except (GptlabError, KeyboardInterrupt):
+        if folder is not None:
+            folder.undo()
+        raise
+    say(card.text())
+    if folder is None:
+        say("(not saved: pass --out DIR to keep eval.json and every question in examples.jsonl)")
+        return
+    if runtime.is_main:
+        lines = [json.dumps({"task": task, **record}, default=str) for task, records in examples.items() for record in records]
+        atomic_write_text(folder.path / "examples.jsonl", "".join(line + "\n" for line in lines))
+        card.save(folder.path / "eval.json")
+        say(f"saved: {folder.path / 'eval.json'} and {folder.path / 'examples.jsonl'} ({len(lines):,} questions)")
 
 
 def _config_only(path: Path):
