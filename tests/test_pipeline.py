@@ -85,7 +85,7 @@ def test_run_goes_from_corpus_to_samples_and_reports_every_figure(finished):
     assert f"gptlab dpo --init {out / 'sft'}" in log  # and how to align it
 
     # Report cards: the base model on the held-out works, the chat model on the tasks' held-out questions, saved.
-    base, chat = Card.load(out / "train" / "eval" / "eval.json"), Card.load(out / "sft" / "eval" / "eval.json")
+    base, chat = Card.load(out / "train" / "eval-heldout" / "eval.json"), Card.load(out / "sft" / "eval-tasks" / "eval.json")
     assert [(row.task, row.n, row.chance) for row in base.rows] == [("next_line", 12, 0.25), ("last_word", 12, 0.0)]
     assert [(row.task, row.n) for row in chat.rows] == [("arithmetic", 12), ("sorting", 12)]
     assert "[10/10] report cards" in log and base.text().splitlines()[2] in log and chat.aggregates[0].name in log

@@ -25,7 +25,7 @@ from pathlib import Path
 from gptlab.align.sft import SFTConfig, SFTResult, run_sft, sft_cpu
 from gptlab.data.corpus import corpus_files
 from gptlab.data.prepare import PrepareConfig, prepare_shards
-from gptlab.eval.card import CARD_FILE, Card, proportion_row
+from gptlab.eval.card import CARD_FILE, CARD_FILES, Card, proportion_row
 from gptlab.eval.loss import evaluate_split as evaluate_loss_on_split
 from gptlab.infer.generate import SamplingConfig, generate
 from gptlab.model import ModelConfig
@@ -221,9 +221,10 @@ def card_stage(config: RunConfig, model, tokenizer: Tokenizer, tuned: SFTResult,
         result = evaluate_chat_task(chat_model, chat, task, n=min(config.card_examples, getattr(task, "test_size", config.card_examples)))
         chat_card.add(proportion_row(task.name, shots=0, metric="accuracy", right=result["correct"], n=result["total"]))
     chat_card.add_aggregate("ChatCORE-style", chat_card.rows)
-    for card, folder, what in ((base, "train", "base model"), (chat_card, "sft", "chat model")):
-        path = card.save(Path(config.out) / folder / "eval" / CARD_FILE)
-        log(f"      {what} ({Path(config.out) / folder}), saved in {path}:")
+    for card, folder, what in ((base, "train/eval-heldout", "base model"), (chat_card, "sft/eval-tasks", "chat model")):
+        claim_run_folder(Path(config.out) / folder, command="eval", config=card.settings, ours=CARD_FILES, force=True)
+        path = card.save(Path(config.out) / folder / CARD_FILE)
+        log(f"      {what} ({Path(config.out) / folder.split('/')[0]}), saved in {path}:")
         log("\n".join("        " + line for line in card.text().splitlines()))
     log("      near chance at this size: the 95% intervals say how far from it each score is")
     return base, chat_card

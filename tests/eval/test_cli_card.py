@@ -61,15 +61,15 @@ def test_eval_of_a_runs_model_saves_its_card_in_the_run_for_its_report(chat_mode
     (run / "metrics.jsonl").write_text(json.dumps({"step": 10, "loss": 3.0, "tokens": 100, "elapsed": 1.0}) + "\n")
     science, passages = write_tasks(tmp_path / "data")
     assert main(core_args(run, science, passages, "--limit", "3")) == 0
-    assert Card.load(run / "eval" / "eval.json").rows[0].n == 3
+    assert Card.load(run / "eval-core" / "eval.json").rows[0].n == 3
     assert main(["runs", "report", str(run)]) == 0
     assert "Report card" in (run / "report.html").read_text() and "arc_easy" in (run / "report.html").read_text()
     # the same command again replaces its own card; other settings are refused, --force replaces
     assert main(core_args(run, science, passages, "--limit", "3")) == 0
     assert main(core_args(run, science, passages, "--limit", "2")) == 1
-    assert "other settings" in capsys.readouterr().err and Card.load(run / "eval" / "eval.json").rows[0].n == 3
+    assert "other settings" in capsys.readouterr().err and Card.load(run / "eval-core" / "eval.json").rows[0].n == 3
     assert main(core_args(run, science, passages, "--limit", "2", "--force")) == 0
-    assert Card.load(run / "eval" / "eval.json").rows[0].n == 2
+    assert Card.load(run / "eval-core" / "eval.json").rows[0].n == 2
 
 
 def test_eval_refuses_an_out_folder_holding_other_files_and_leaves_it_as_it_was(chat_model, tmp_path, capsys):

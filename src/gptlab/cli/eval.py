@@ -8,9 +8,9 @@
     gptlab eval --checkpoint gpt2 --task hellaswag --limit 1000
 
 The card (gptlab.eval.suite) is printed and saved as OUT/eval.json with OUT/examples.jsonl (every question as
-asked, few-shot ids included, and how it was scored). OUT is --out, else RUN/eval when the model belongs to a
-training run (so `gptlab runs report RUN` shows the card); a folder is claimed as gptlab's run folders are:
-another evaluation's folder with other settings, or a folder of other files, is refused.
+asked, few-shot ids included, and how it was scored). OUT is --out, else RUN/eval-SUITE (eval-core, eval-chat,
+eval-judge) when the model belongs to a training run, so `gptlab runs report RUN` shows the cards; a folder is
+claimed as gptlab's run folders are: an evaluation with other settings, or a folder of other files, is refused.
 
 The model is any folder gptlab makes or reads (gptlab.cli.common): a run
 folder (its newest checkpoint, or RUN/best), a checkpoint, a Hugging Face
@@ -27,10 +27,10 @@ import argparse
 from pathlib import Path
 
 from gptlab.cli.common import DEVICE_HELP, load_model_from, load_model_tokenizer, model_path, positive
+from gptlab.eval.card import CARD_FILES
 from gptlab.runtime import GptlabError
 
 TASK_NAMES = ("hellaswag",)
-EVAL_FILES = ("eval.json", "examples.jsonl")  # what an evaluation writes into its folder
 
 
 def register(stages) -> None:
@@ -47,7 +47,7 @@ def register(stages) -> None:
     card.add_argument("--seed", type=int, default=1234, help="few-shot choice and sampling seed (default 1234)")
     card.add_argument("--samples", type=positive, default=1, metavar="N", help="code tasks: samples per problem for pass@k (default 1)")
     card.add_argument("--k", default="1", metavar="LIST", help="code tasks: the k of pass@k, comma-separated (default 1)")
-    card.add_argument("--out", metavar="DIR", help="where eval.json and examples.jsonl go (default RUN/eval for a run's model)")
+    card.add_argument("--out", metavar="DIR", help="where eval.json and examples.jsonl go (default RUN/eval-SUITE for a run's model)")
     card.add_argument("--force", action="store_true", help="replace an earlier evaluation's files in --out")
     judge = parser.add_argument_group("LM judge")
     judge.add_argument("--judge", metavar="URL", help="an OpenAI-compatible server that judges (gptlab serve, llama-server, vLLM)")
@@ -189,17 +189,17 @@ def run_folder_of(path: Path) -> Path | None:
 
 
 def claim_out(args: argparse.Namespace, path: Path, config):
-    """The folder the card goes to (--out, else RUN/eval), claimed before any compute; None: print only."""
+    """The folder the card goes to (--out, else RUN/eval-SUITE), claimed before any compute; None: print only."""
     from dataclasses import asdict
 
     from gptlab.runtime.rundir import claim_run_folder
 
     run = run_folder_of(path.resolve())
-    out = Path(args.out) if args.out else (run / "eval" if run is not None else None)
+    out = Path(args.out) if args.out else (run / f"eval-{config.suite or 'judge'}" if run is not None else None)
     if out is None:
         return None
     settings = {"model": str(path.resolve()), **{key: value for key, value in asdict(config).items() if key != "batch_size"}}
-    return claim_run_folder(out, command="eval", config=json_safe(settings), ours=EVAL_FILES, force=args.force)
+    return claim_run_folder(out, command="eval", config=json_safe(settings), ours=CARD_FILES, force=args.force)
 
 
 def json_safe(value):

@@ -35,6 +35,7 @@ from gptlab.runtime import GptlabError, atomic_write_text
 
 CARD_FORMAT = 1  # eval.json's format_version
 CARD_FILE = "eval.json"
+CARD_FILES = (CARD_FILE, "examples.jsonl")  # what an evaluation writes into its folder (and may replace there)
 Z95 = NormalDist().inv_cdf(0.975)
 
 

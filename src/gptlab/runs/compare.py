@@ -65,26 +65,23 @@ def summary_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
 
 
 def card_rows(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]] | None:
-    """(headers, rows): the runs' report cards side by side, a row per task and metric, then the aggregates;
-    None when no run has a card (RUN/eval/eval.json, written by `gptlab eval`)."""
-    if not any(run.card for run in runs):
+    """(headers, rows): the runs' report cards side by side, a row per task, metric and shots, then the aggregates;
+    None when no run has a card (RUN/eval-*/eval.json, written by `gptlab eval`)."""
+    figures = [run.card_figures() for run in runs]
+    if not any(rows for rows, _ in figures):
         return None
-    keys: dict[tuple[str, str], None] = {}
-    for run in runs:
-        for row in (run.card or {}).get("rows", []):
-            keys[(row["task"], f"{row['metric']}, {row['shots']}-shot")] = None
-    names = list(dict.fromkeys(item["name"] for run in runs for item in (run.card or {}).get("aggregates", [])))
-    rows = []
-    for task, metric in keys:
-        cells = []
-        for run in runs:
-            found = [row for row in (run.card or {}).get("rows", []) if (row["task"], f"{row['metric']}, {row['shots']}-shot") == (task, metric)]
-            cells.append(f"{found[0]['score']:.4f} ({found[0]['low']:.2f}-{found[0]['high']:.2f})" if found else "-")
-        rows.append([f"{task} ({metric})", *cells])
-    for name in names:
-        found = [[item for item in (run.card or {}).get("aggregates", []) if item["name"] == name] for run in runs]
-        rows.append([name, *(f"{item[0]['score']:.4f} ({item[0]['low']:.2f}-{item[0]['high']:.2f})" if item else "-" for item in found)])
-    return ["task", *(run.name for run in runs)], rows
+
+    def key(row: dict) -> str:
+        return f"{row['task']} ({row['metric']}, {row['shots']}-shot)"
+
+    def cell(found: list[dict]) -> str:
+        return f"{found[0]['score']:.4f} ({found[0]['low']:.2f}-{found[0]['high']:.2f})" if found else "-"
+
+    keys = list(dict.fromkeys(key(row) for rows, _ in figures for row in rows))
+    names = list(dict.fromkeys(item["name"] for _, aggregates in figures for item in aggregates))
+    table = [[name, *(cell([row for row in rows if key(row) == name]) for rows, _ in figures)] for name in keys]
+    table += [[name, *(cell([item for item in aggregates if item["name"] == name]) for _, aggregates in figures)] for name in names]
+    return ["task", *(run.name for run in runs)], table
 
 
 def text_table(headers: list[str], rows: list[list[str]]) -> str:

@@ -28,7 +28,7 @@ AXES = ("step", "tokens", "time", "flops")
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "train_config.json"
 MARKER_FILE = "gptlab_run.json"
-CARD_FILE = "eval/eval.json"  # the report card `gptlab eval` saves for a model of this run (gptlab.eval.card's format)
+CARDS = "eval-*/eval.json"  # report cards `gptlab eval` saves for a model of this run, a folder per suite (gptlab.eval.card's format)
 
 
 @dataclass
@@ -40,7 +40,12 @@ class RunRecord:
     samples: list[dict]  # samples.jsonl
     machine: dict | None  # machine.json
     command: str | None  # the gptlab command that made it (gptlab_run.json)
-    card: dict | None = None  # eval/eval.json: the report card, read as plain JSON (runs does not import eval)
+    cards: dict | None = None  # {"eval-core": card, ...}: the report cards, read as plain JSON (runs does not import eval)
+
+    def card_figures(self) -> tuple[list[dict], list[dict]]:
+        """(rows, aggregates) of all the run's cards together, in folder order."""
+        cards = list((self.cards or {}).values())
+        return [row for card in cards for row in card["rows"]], [item for card in cards for item in card.get("aggregates", [])]
 
     @property
     def train(self) -> list[dict]:
@@ -165,8 +170,8 @@ def load_run(path: str | os.PathLike, name: str | None = None) -> RunRecord:
     config = read_json(path / CONFIG_FILE) if (path / CONFIG_FILE).is_file() else None
     machine = read_json(path / MACHINE_FILE) if (path / MACHINE_FILE).is_file() else None
     marker = read_json(path / MARKER_FILE) if (path / MARKER_FILE).is_file() else {}
-    card = read_json(path / CARD_FILE) if (path / CARD_FILE).is_file() else None
+    cards = {file.parent.name: read_json(file) for file in sorted(path.glob(CARDS))}
     return RunRecord(path=path, name=name or str(path), config=config if isinstance(config, dict) else None,
                      records=read_metrics(path / METRICS_FILE), samples=read_samples(path), machine=machine,
                      command=marker.get("command") if isinstance(marker, dict) else None,
-                     card=card if isinstance(card, dict) and isinstance(card.get("rows"), list) else None)
+                     cards={name: card for name, card in cards.items() if isinstance(card, dict) and isinstance(card.get("rows"), list)})

@@ -158,18 +158,23 @@ def _evaluations(run: RunRecord) -> str:
 
 
 def _card(run: RunRecord) -> str:
-    """The report card `gptlab eval` saved for this run's model (RUN/eval/eval.json), as a table and its aggregates."""
-    if not run.card:
+    """Each report card `gptlab eval` saved for this run's model (RUN/eval-*/eval.json): its table and aggregates."""
+    if not run.cards:
         return "<h2>Report card</h2>\n" + _note(f"no report card: gptlab eval {run.path} --suite core (or --suite chat) writes one")
-    settings = run.card.get("settings") or {}
+    return "\n".join(_one_card(name, card) for name, card in run.cards.items())
+
+
+def _one_card(name: str, card: dict) -> str:
+    settings = card.get("settings") or {}
     said = ", ".join(f"{key} {value}" for key, value in settings.items() if isinstance(value, (str, int, float)))
     rows = [[row["task"], row["shots"], row["metric"], f"{row['score']:.4f}", f"{row['low']:.4f} to {row['high']:.4f}",
-             f"{row['chance']:.2f}", f"{row['n']:,}", row.get("note", "")] for row in run.card["rows"]]
+             f"{row['chance']:.2f}", f"{row['n']:,}", row.get("note", "")] for row in card["rows"]]
     aggregates = [[item["name"], f"{item['score']:.4f}", f"{item['low']:.4f} to {item['high']:.4f}", ", ".join(item["tasks"])]
-                  for item in run.card.get("aggregates", [])]
-    return ("<h2>Report card</h2>\n" + _note(f"model {run.card.get('model', '?')}" + (f"; {said}" if said else ""))
+                  for item in card.get("aggregates", [])]
+    return (f"<h2>Report card ({escape(name)})</h2>\n" + _note(f"model {card.get('model', '?')}" + (f"; {said}" if said else ""))
             + table(["task", "shots", "metric", "score", "95% interval", "chance", "n", "note"], rows)
-            + ("<h3>Aggregates</h3>\n" + table(["aggregate", "score", "95% interval", "over"], aggregates) if aggregates else ""))
+            + (f"<h3>Aggregates ({escape(name)})</h3>\n" + table(["aggregate", "score", "95% interval", "over"], aggregates)
+               if aggregates else ""))
 
 
 def _samples(run: RunRecord) -> str:
