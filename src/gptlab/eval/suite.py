@@ -162,9 +162,13 @@ def _chat(model, config: EvalConfig, chat, autocast, card: Card, examples: dict)
 
 
 def _judge(model, config: EvalConfig, chat, autocast, card: Card, examples: dict) -> None:
+    import torch
+
     from gptlab.eval.judge import JudgeClient
     from gptlab.eval.judging import evaluate_with_judge
 
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        raise GptlabError("the judge grades from one process (every rank would ask it the same questions): run --judge without torchrun")
     settings = config.judge
     with JudgeClient(settings.url, settings.model, api_key_env=settings.key_env, timeout=settings.timeout) as client:
         rows, records = evaluate_with_judge(model, chat, client, alpaca=settings.alpaca, safety=settings.safety,
