@@ -77,6 +77,8 @@ TOKENIZER = "gptlab tokenizer train --corpus shakespeare --vocab-size 4096"
 ENCODE = "gptlab tokenizer encode -t tok/ examples/play.txt > ids.txt"
 EXPORT = "gptlab export hf runs/shakespeare out/shakespeare-hf"
 CRAWL = "python -m gptlab.curate.example crawl/example.warc.gz"
+CORE_EVAL = "gptlab eval runs/shakespeare/train --suite core --tasks arc_easy,lambada"
+CHAT_EVAL = "gptlab eval runs/shakespeare/sft --suite chat --tasks arc_easy,spelling,gsm8k,humaneval"
 CURATE = "gptlab data curate crawl/*.warc.gz"
 SFT = "gptlab sft --init runs/shakespeare/train --data \"task:arithmetic[n=20000,digits=1], examples/chats.jsonl@2\""
 SFT_ARITH = "gptlab sft --init runs/shakespeare/train --data \"task:arithmetic[n=40000,digits=1]\" --max-steps 800"
@@ -119,6 +121,9 @@ RUNS: dict[str, Scale] = {
         extra=(*TRAIN_SMALL, "--hellaswag-every", "2", "--hellaswag-path", "hellaswag_val.jsonl"), setup="hellaswag"),
     "gptlab eval --checkpoint runs/shakespeare --harness my_task": Scale(env=OFFLINE),
     "from gptlab.eval.harness import evaluate_harness": Scale(env=OFFLINE),
+    CORE_EVAL: Scale(extra=("--limit", "4")),
+    CHAT_EVAL: Scale(extra=("--limit", "2")),
+    "gptlab runs compare runs/shakespeare/train runs/shakespeare/sft": Scale(needs=(CORE_EVAL, CHAT_EVAL)),
     # stage 6
     SFT: Scale(extra=TUNE_SMALL),
     "gptlab chat runs/sft": Scale(extra=("--max-tokens", "8", "--seed", "0"), needs=(SFT,), stdin="What is 3 + 4?\n"),
@@ -159,6 +164,8 @@ ELSEWHERE: dict[str, str] = {
     "gptlab train --init-from gpt2": NETWORK,
     "torchrun --nproc_per_node=8 -m gptlab train": GPU,
     "gptlab eval --checkpoint gpt2 --task hellaswag": NETWORK,
+    "gptlab eval runs/shakespeare/sft --judge": "needs an LM judge: an OpenAI-compatible server with a capable model (a fake judge "
+                                                "runs the same code path in tests/eval/test_cli_card.py), and ../shared/data/eval",
     "gptlab eval --checkpoint runs/shakespeare/train/checkpoints/step_000600 --harness lambada_openai": NETWORK,
     "torchrun --nproc_per_node=8 -m gptlab.cli.main sft": GPU + " and " + NETWORK,
     "torchrun --nproc_per_node=8 -m gptlab.cli.main dpo": GPU + " and " + NETWORK,
