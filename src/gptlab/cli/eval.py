@@ -230,7 +230,16 @@ def evaluate_card_to(folder, model, tokenizer, chat, config, context, runtime, a
         lines = [json.dumps({"task": task, **record}, default=str) for task, records in examples.items() for record in records]
         atomic_write_text(folder.path / "examples.jsonl", "".join(line + "\n" for line in lines))
         card.save(folder.path / "eval.json")
-        say(f"saved: {folder.path / 'eval.json'} and {folder.path / 'examples.jsonl'} ({len(lines):,} questions)")
+        where = _shown(folder.path)
+        say(f"saved: {where / 'eval.json'} and {where / 'examples.jsonl'} ({len(lines):,} questions)")
+
+
+def _shown(path: Path) -> Path:
+    """A path as the user would type it: relative to the working folder when it lies inside it."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
 
 
 def _config_only(path: Path):

@@ -20,12 +20,13 @@ Not here: loading the model and tokenizer, output folders (gptlab.cli.eval), the
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from gptlab.eval.card import Card, CardRow
 from gptlab.runtime import GptlabError
 
 SUITES = ("core", "chat")
+CHATCORE_TASKS = ("arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval", "spelling")  # nanochat's ChatCORE (its SpellingBee: ours)
 DEFAULT_KEY_ENV = "GPTLAB_JUDGE_API_KEY"
 
 
@@ -155,7 +156,8 @@ def _chat(model, config: EvalConfig, chat, autocast, card: Card, examples: dict)
                                                 k=config.k, batch_size=config.batch_size, seed=config.seed, autocast=autocast)
     for row in rows:
         card.add(row)
-    card.aggregates.append(aggregate)
+    exact = set(CHATCORE_TASKS) <= set(tasks)
+    card.aggregates.append(aggregate if exact else replace(aggregate, name=f"ChatCORE-style ({len(tasks)} task{'s' if len(tasks) != 1 else ''})"))
     for record in done:
         examples.setdefault(str(record.get("task", "chat")), []).append(record)
     card.settings["data"] = provenance

@@ -368,7 +368,7 @@ def _row(spec: TaskSpec, shots: int, counts: torch.Tensor) -> CardRow:
     others = [f"{metric} {right[metric] / n:.4f}" for metric in METRICS[spec.kind] if metric != spec.metric]
     truncated = int(counts[-1])
     if truncated:
-        others.append(f"{truncated} requests cut on the left to fit the context")
+        others.append(f"{truncated:,} request{'s' if truncated != 1 else ''} cut on the left to fit the context")
     return proportion_row(spec.name, shots=shots, metric=spec.metric, right=right[spec.metric], n=n,
                           chance=spec.chance, note="; ".join(others))
 
