@@ -352,3 +352,18 @@ def test_evaluate_with_judge_judges_the_models_greedy_answers(chat_model, tmp_pa
     assert got == expected
     assert records["simple_safety_tests"][0]["harm_area"] == "Scams"
     assert records["judge"]["url"] == judge.url and "refusal" in records["judge"]["prompts"]
+
+
+def test_judge_client_that_reaches_no_server_fails_at_once_in_one_line():
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = JudgeClient(f"http://127.0.0.1:{port}", api_key_env=None, timeout=2)
+    with pytest.raises(GptlabError, match=f"cannot reach the judge at http://127.0.0.1:{port}"):
+        client.check_reachable()
+
+
+def test_judge_client_counts_any_http_answer_as_reachable(fake_judge):
+    client_for(fake_judge(lambda body, n: "[[A]]")).check_reachable()  # the fake serves POST only: GET is a 501

@@ -199,7 +199,12 @@ def claim_out(args: argparse.Namespace, path: Path, config):
     if out is None:
         return None
     settings = {"model": str(path.resolve()), **{key: value for key, value in asdict(config).items() if key != "batch_size"}}
-    return claim_run_folder(out, command="eval", config=json_safe(settings), ours=CARD_FILES, force=args.force)
+    try:
+        return claim_run_folder(out, command="eval", config=json_safe(settings), ours=CARD_FILES, force=args.force, resumes=False)
+    except GptlabError as error:
+        if args.out:
+            raise
+        raise GptlabError(f"{error} (no --out was given: {_shown(out)} is where the cards of this run's model go)") from None
 
 
 def json_safe(value):

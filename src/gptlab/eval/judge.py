@@ -210,6 +210,15 @@ class JudgeClient:
         return {"url": self.url, "model": self.model, "api_key_env": self.api_key_env, "temperature": 0,
                 "max_tokens": self.max_tokens, "timeout": self.timeout, "retries": self.retries}
 
+    def check_reachable(self) -> None:
+        """One GET of /v1/models before any answer is generated: a judge nobody serves is one clear error now, not
+        every request's retries later. Any HTTP answer counts (a server without that route still listens)."""
+        try:
+            self._http.get(self.url + "/v1/models", timeout=min(self.timeout, 10.0))
+        except httpx.TransportError as error:
+            raise GptlabError(f"cannot reach the judge at {self.url} ({type(error).__name__}: {error}); start it, "
+                              "or check --judge") from None
+
     def chat(self, messages: list[dict]) -> tuple[str, int]:
         """(the judge's reply, requests made), retrying what may pass; RequestFailed when it does not."""
         body = {"messages": messages, "temperature": 0, "max_tokens": self.max_tokens}

@@ -173,6 +173,7 @@ def _judge(model, config: EvalConfig, chat, autocast, card: Card, examples: dict
         raise GptlabError("the judge grades from one process (every rank would ask it the same questions): run --judge without torchrun")
     settings = config.judge
     with JudgeClient(settings.url, settings.model, api_key_env=settings.key_env, timeout=settings.timeout) as client:
+        client.check_reachable()
         rows, records = evaluate_with_judge(model, chat, client, alpaca=settings.alpaca, safety=settings.safety,
                                             benign=settings.benign, limit=config.limit, prompts_dir=settings.prompts,
                                             single=settings.single, batch_size=config.batch_size, autocast=autocast)

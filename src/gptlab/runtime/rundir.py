@@ -98,15 +98,17 @@ def _is_legacy(path: Path, entries: list[str], ours: Sequence[str], legacy: Call
     return legacy is not None and owned and legacy(path)
 
 
-def _refuse(path: Path, out_flag: str, changes: list[str], held: list[str], hints: dict[str, str]) -> None:
-    """The one line that says why a run folder is not resumed, and what to pass."""
-    why = (f"a run with other settings ({', '.join(changes[:4])}{', ...' if len(changes) > 4 else ''})" if changes
-           else f"a run ({describe_entries(held)}) that --no-resume would start over")
+def _refuse(path: Path, out_flag: str, changes: list[str], held: list[str], hints: dict[str, str], resumes: bool = True) -> None:
+    """The one line that says why a run folder is not resumed (or, for results that do not resume, not replaced)."""
+    what = "a run" if resumes else "results"
+    why = (f"{what} with other settings ({', '.join(changes[:4])}{', ...' if len(changes) > 4 else ''})" if changes
+           else f"{what} ({describe_entries(held)}) that --no-resume would start over")
     hinted = [hint for key, hint in hints.items() if any(change.startswith(key + " ") for change in changes)]
     raise GptlabError(f"{out_flag} {path} holds {why}; "
-                      + ("rerun with the same settings to resume, " if changes else "")
+                      + ("rerun with the same settings to resume, " if changes and resumes else "")
                       + "".join(hint + ", " for hint in hinted)
-                      + f"pass --force to start over (clears that run's files), or another {out_flag}")
+                      + ("pass --force to start over (clears that run's files)" if resumes else "pass --force to replace them")
+                      + f", or another {out_flag}")
 
 
 def read_marker(path: Path) -> dict | None:
@@ -125,7 +127,7 @@ def claim_run_folder(path: str | os.PathLike, *, command: str, config: dict, our
                      free: Iterable[str] = (), force: bool = False, fresh: bool = False,
                      out_flag: str = "--out", legacy: Callable[[Path], bool] | None = None,
                      defaults: dict | None = None, asked: dict | None = None,
-                     hints: dict[str, str] | None = None) -> RunFolder:
+                     hints: dict[str, str] | None = None, resumes: bool = True) -> RunFolder:
     """Start or resume the run in `path`, or refuse (see the module docstring). `fresh`: never resume.
 
     `legacy(path)` recognises a run made before run records existed (all its entries are `ours`):
@@ -133,6 +135,7 @@ def claim_run_folder(path: str | os.PathLike, *, command: str, config: dict, our
     config's class): a field added since the run was saved, left at its default, is no change. `asked`: the
     settings before gptlab derived any, compared instead of `config` when the record holds them too. `hints`
     ({"max_steps": "pass --extend to ..."}): a sentence added to the refusal when that key is among the changes.
+    `resumes=False`: the folder holds results that a rerun replaces rather than continues (an evaluation's).
     """
     path = Path(path)
     if path.exists() and not path.is_dir():
@@ -163,7 +166,7 @@ def claim_run_folder(path: str | os.PathLike, *, command: str, config: dict, our
             before, now = (record["asked"], asked) if both else (record.get("config", {}), config)
             changes = config_changes(_without(before, free), _without(now, free), defaults=defaults)
             if changes or (fresh and held):
-                _refuse(path, out_flag, changes, held, hints or {})
+                _refuse(path, out_flag, changes, held, hints or {}, resumes)
             record["config"] = config  # the settings free to change are the latest ones
             if asked is not None:
                 record["asked"] = asked
