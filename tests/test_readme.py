@@ -124,6 +124,7 @@ RUNS: dict[str, Scale] = {
     CORE_EVAL: Scale(extra=("--limit", "4")),
     CHAT_EVAL: Scale(extra=("--limit", "2")),
     "gptlab runs compare runs/shakespeare/train runs/shakespeare/sft": Scale(needs=(CORE_EVAL, CHAT_EVAL)),
+    "gptlab eval out/shakespeare-hf --suite core": Scale(extra=("--limit", "4"), needs=(EXPORT,)),
     # stage 6
     SFT: Scale(extra=TUNE_SMALL),
     "gptlab chat runs/sft": Scale(extra=("--max-tokens", "8", "--seed", "0"), needs=(SFT,), stdin="What is 3 + 4?\n"),
@@ -164,6 +165,10 @@ ELSEWHERE: dict[str, str] = {
     "gptlab train --init-from gpt2": NETWORK,
     "torchrun --nproc_per_node=8 -m gptlab train": GPU,
     "gptlab eval --checkpoint gpt2 --task hellaswag": NETWORK,
+    "gptlab eval runs/shakespeare/train --suite core --tasks mmlu --task-data mmlu=../shared": "reads ../shared/data/eval, the "
+        "course's copy of MMLU, which a user's clone does not have (the MMLU CSV reader is tested on a folder the test writes)",
+    "gptlab eval gpt2 --task hellaswag --device cuda": "needs a GPU and " + NETWORK,
+    "gptlab eval gpt2-xl --suite core --bundle download": "needs a GPU and the network (GPT-2 1.5B, DCLM's eval bundle)",
     "gptlab eval runs/shakespeare/sft --judge": "needs an LM judge: an OpenAI-compatible server with a capable model (a fake judge "
                                                 "runs the same code path in tests/eval/test_cli_card.py), and ../shared/data/eval",
     "gptlab eval --checkpoint runs/shakespeare/train/checkpoints/step_000600 --harness lambada_openai": NETWORK,
