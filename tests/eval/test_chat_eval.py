@@ -1,11 +1,7 @@
 """Chat task accuracy: batched greedy answers against each prompt generated alone, graded by hand."""
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,6 +13,8 @@ from gptlab.infer import SamplingConfig, generate
 from gptlab.model.io import load_model
 from gptlab.runtime import GptlabError
 from gptlab.tokenizer import Tokenizer
+
+from .two_ranks import run_on_two_ranks
 
 GENERATED = [name for name, task in TASKS.items() if task.generated]  # tasks that need no dataset
 
@@ -145,15 +143,9 @@ def test_evaluate_task_on_two_gloo_ranks_equals_one_process(model_and_chat, chat
     """Rank r answers examples r::2 of 7; the summed counts are the single-process counts, on both ranks."""
     model, chat = model_and_chat
     single = evaluate_task(model, chat, EvenLength(), n=7, batch_size=2, max_new_tokens=16)
-    script = tmp_path / "two_ranks.py"
-    script.write_text(TWO_RANKS)
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root / 'src'}", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(chat_model)]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=root)
-    assert result.returncode == 0, result.stderr[-3000:]
+    stdout = run_on_two_ranks(TWO_RANKS, chat_model, tmp_path)
     # the ranks share torchrun's stdout: find each result wherever the other rank's output fell
-    results = sorted(re.findall(r"RESULT (\d) (\{[^}]*\})", result.stdout))
+    results = sorted(re.findall(r"RESULT (\d) (\{[^}]*\})", stdout))
     assert [rank for rank, _ in results] == ["0", "1"] and [json.loads(text) for _, text in results] == [single, single]
 
 

@@ -5,11 +5,7 @@ the aggregate against hand computations on scripted log-likelihoods. lm-eval par
 """
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -31,6 +27,8 @@ from gptlab.eval.tasks.core import (
 from gptlab.model import GPT, preset
 from gptlab.model.io import save_model
 from gptlab.runtime import GptlabError
+
+from .two_ranks import run_on_two_ranks
 
 MC = TaskSpec(name="mc", kind="multiple_choice", shots=2, chance=0.25)
 SCHEMA = TaskSpec(name="schema", kind="schema", shots=1, chance=0.5)
@@ -301,14 +299,8 @@ def test_evaluate_task_on_two_gloo_ranks_equals_one_process(model, tmp_path):
     folder = save_model(model, tmp_path / "model")
     row, examples = evaluate_task(model, MC, mc_records(7), encode, seed=9, batch_size=2)
     single = json.loads(json.dumps({"row": row.to_dict(), "examples": examples}))
-    script = tmp_path / "two_ranks.py"
-    script.write_text(TWO_RANKS)
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root / 'src'}", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(folder)]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=root)
-    assert result.returncode == 0, result.stderr[-3000:]
-    results = sorted(re.findall(r"^RESULT (\d) (.*)$", result.stdout, flags=re.MULTILINE))
+    stdout = run_on_two_ranks(TWO_RANKS, folder, tmp_path)
+    results = sorted(re.findall(r"^RESULT (\d) (.*)$", stdout, flags=re.MULTILINE))
     assert [rank for rank, _ in results] == ["0", "1"]
     for _, text in results:
         got = json.loads(text)
