@@ -16,6 +16,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.models.huggingface import HFLM
 
 from gptlab.eval.tasks.core import CORE_TASKS, TaskSpec, evaluate_task, render_requests
+from gptlab.eval.tasks.native import convert_commonsense_qa, convert_openbookqa, convert_piqa
 from gptlab.model.hf import from_pretrained
 from gptlab.tokenizer import Tokenizer
 
@@ -63,8 +64,23 @@ MMLU = [
     {"query": "Who wrote Hamlet?\nA. Dickens\nB. Austen\nC. Shakespeare\nD. Twain\nAnswer:", "choices": ["A", "B", "C", "D"], "gold": 2},
     {"query": "What is H2O?\nA. salt\nB. air\nC. gold\nD. water\nAnswer:", "choices": ["A", "B", "C", "D"], "gold": 3},
 ]
-FIXTURES = {"arc_easy": ARC, "hellaswag": HELLASWAG, "winogrande": WINOGRANDE, "boolq": BOOLQ, "copa": COPA,
-            "lambada": LAMBADA, "mmlu": MMLU}
+# the other tasks from native rows, through the loaders' own conversions (gptlab.eval.tasks.native)
+PIQA = [convert_piqa({"goal": goal, "sol1": one, "sol2": two, "label": label}, "piqa") for goal, one, two, label in (
+    ("How do you open a jar?", "Twist the lid.", "Shout at it.", 0), ("How do you dry wet hands?", "Wet them more.", "Use a towel.", 1),
+    ("How do you cool soup?", "Blow on it.", "Heat it up.", 0), ("How do you light a room?", "Close the curtains.", "Switch on a lamp.", 1))]
+OPENBOOKQA = [convert_openbookqa({"id": f"o{i}", "question_stem": stem, "choices": {"text": texts, "label": list("ABCD")}, "answerKey": key},
+                                 "openbookqa") for i, (stem, texts, key) in enumerate((
+    ("Plants need", ["sunlight", "rocks", "plastic", "noise"], "A"), ("A magnet attracts", ["wood", "iron", "glass", "paper"], "B"),
+    ("Ice is", ["hot", "gas", "frozen water", "metal"], "C"), ("The moon orbits", ["Mars", "the sun only", "Venus", "the earth"], "D")))]
+COMMONSENSE_QA = [convert_commonsense_qa({"id": f"c{i}", "question": question, "choices": {"text": texts, "label": list("ABCDE")},
+                                          "answerKey": key}, "commonsense_qa") for i, (question, texts, key) in enumerate((
+    ("Where do you keep milk cold?", ["oven", "fridge", "garden", "car", "roof"], "B"),
+    ("What do you use to write?", ["pen", "spoon", "shoe", "cup", "lamp"], "A"),
+    ("Where do fish live?", ["desert", "sky", "tree", "water", "road"], "D"),
+    ("What do you wear on feet?", ["hat", "glove", "shoes", "scarf", "ring"], "C")))]
+FIXTURES = {"arc_easy": ARC, "arc_challenge": ARC, "hellaswag": HELLASWAG, "piqa": PIQA, "winogrande": WINOGRANDE, "boolq": BOOLQ,
+            "copa": COPA, "openbookqa": OPENBOOKQA, "commonsense_qa": COMMONSENSE_QA, "lambada": LAMBADA, "mmlu": MMLU}
+assert set(FIXTURES) == set(CORE_TASKS)  # every likelihood task of the suite
 
 
 def with_ids(task: str, records: list[dict]) -> list[dict]:
