@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -314,3 +315,38 @@ def test_code_in_the_real_sandbox_passes_fails_times_out_runs_out_of_memory_and_
     assert [e["status"] for e in examples] == ["passed", "failed", "timeout", "blocked", "memory"]
     assert [e["correct"] for e in examples] == [True, False, False, False, False]
     assert rows[0].score == 0.2 and rows[0].note == "greedy; passed 1, failed 1, timeout 1, memory 1, blocked 1"
+
+
+SUITE_ON_TWO_RANKS = """
+import json, sys
+import torch.distributed as dist
+from pathlib import Path
+from gptlab.chat import ChatFormat
+from gptlab.eval.chat_suite import evaluate_chat_suite
+from gptlab.model.io import load_model
+from gptlab.tokenizer import Tokenizer
+dist.init_process_group("gloo")
+folder = Path(sys.argv[1])
+rows, examples, aggregate = evaluate_chat_suite(load_model(folder), ChatFormat(Tokenizer.load(folder / "tokenizer")), ["spelling"],
+                                                limit=5, batch_size=2, max_new_tokens=8)
+result = {"rows": [row.to_dict() for row in rows], "responses": [e["response"] for e in examples]}
+sys.stdout.write(f"RESULT {dist.get_rank()} {json.dumps(result)}\\n")
+sys.stdout.flush()
+dist.destroy_process_group()
+"""
+
+
+def test_chat_suite_on_two_gloo_ranks_equals_one_process(chat_model, tmp_path):
+    """Rank r answers questions r::2; both ranks return the single process's rows and every response, in order."""
+    from gptlab.model.io import load_model
+    from gptlab.tokenizer import Tokenizer
+
+    from .two_ranks import run_on_two_ranks
+
+    rows, examples, _ = evaluate_chat_suite(load_model(chat_model), ChatFormat(Tokenizer.load(chat_model / "tokenizer")),
+                                            ["spelling"], limit=5, batch_size=2, max_new_tokens=8)
+    single = {"rows": [row.to_dict() for row in rows], "responses": [e["response"] for e in examples]}
+    stdout = run_on_two_ranks(SUITE_ON_TWO_RANKS, chat_model, tmp_path)
+    results = sorted(re.findall(r"^RESULT (\d) (.*)$", stdout, flags=re.MULTILINE))
+    assert [rank for rank, _ in results] == ["0", "1"]
+    assert [json.loads(text) for _, text in results] == [json.loads(json.dumps(single))] * 2
