@@ -21,7 +21,8 @@ import argparse
 import sys
 from dataclasses import dataclass, field
 
-from gptlab.cli.common import DEVICE_HELP, add_model_argument, load_model_from, load_model_tokenizer, pick_device, positive
+from gptlab.align.model_folders import load_model, load_model_tokenizer
+from gptlab.cli.common import DEVICE_HELP, add_model_argument, pick_device, positive
 from gptlab.runtime import GptlabError
 
 PROMPT = ">>> "
@@ -158,7 +159,7 @@ class Session:
 def run_chat(args: argparse.Namespace) -> int:
     from gptlab.chat import ChatFormat
 
-    model, path = load_model_from(args.checkpoint, device=pick_device(args.device))
+    model, path = load_model(args.checkpoint, device=pick_device(args.device))
     tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
     try:
         chat_format = ChatFormat(tokenizer)

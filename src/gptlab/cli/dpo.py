@@ -1,4 +1,4 @@
-"""`gptlab dpo`: align a chat model with preference pairs (Direct Preference Optimisation).
+"""`gptlab dpo`: align a chat model with preference pairs, Direct Preference Optimisation (gptlab.align.launch.fine_tune).
 
     gptlab dpo --init runs/sft --out runs/dpo                     the dpo-cpu preset's task pairs
     gptlab dpo --init runs/sft --data prefs.jsonl --out runs/dpo --beta 0.2 --loss ipo
@@ -14,18 +14,12 @@ from __future__ import annotations
 
 import argparse
 
-from gptlab.cli.sft import IGNORED as SFT_IGNORED
-
-DEFAULT_PRESET = "dpo-cpu"
-IGNORED = SFT_IGNORED  # the same flags as gptlab sft's (eval_batches: held-out pair batches per evaluation)
-
 
 def register(stages) -> None:
-    from gptlab.align.dpo import DPO_PRESETS
     from gptlab.cli.common import add_tuning_parser
 
     add_tuning_parser(
-        stages, "dpo", presets=DPO_PRESETS, default=DEFAULT_PRESET, skip=IGNORED, handler=run,
+        stages, "dpo", handler=run,
         help="align a chat model with preference pairs (DPO, IPO)",
         description="Direct Preference Optimisation: the model learns to prefer each pair's chosen reply over the "
         "rejected one, staying near the --init model (JSONL in the TRL preference formats, hf:DATASET, built-in "
@@ -35,8 +29,6 @@ def register(stages) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gptlab.align.dpo import DPO_PRESETS, run_dpo
     from gptlab.cli.common import run_tuning
-    from gptlab.cli.sft import resolve_config
 
-    return run_tuning(resolve_config(args, DPO_PRESETS, IGNORED), run_dpo, args)
+    return run_tuning("dpo", args)

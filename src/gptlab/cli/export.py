@@ -1,4 +1,4 @@
-"""`gptlab export hf MODEL OUT`: a model and its tokenizer as one Hugging Face folder.
+"""`gptlab export hf MODEL OUT`: a model and its tokenizer as one Hugging Face folder (gptlab.export.write_hf_folder).
 
     gptlab export hf runs/shakespeare out/shakespeare-hf
 
@@ -6,7 +6,7 @@
     model = AutoModelForCausalLM.from_pretrained("out/shakespeare-hf", trust_remote_code=True)  # gptlab's logits
     tokenizer = AutoTokenizer.from_pretrained("out/shakespeare-hf", trust_remote_code=True)    # gptlab's ids
 
-MODEL is any folder gptlab reads (gptlab.cli.common). The weights go through
+MODEL is any folder gptlab reads (gptlab.align.model_folders). The weights go through
 gptlab.export.export_hf: GPT2LMHeadModel, LlamaForCausalLM or Qwen3ForCausalLM where
 one computes the model exactly, else gptlab's own modeling code written into OUT
 (trust_remote_code=True); the line printed says which. The tokenizer goes through the
@@ -16,16 +16,8 @@ tokenizer's Hugging Face writer.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-from pathlib import Path
 
-from gptlab.chat import CHAT_TOKENS, END, chat_template
-from gptlab.cli.common import add_model_argument, load_model_from, load_model_tokenizer
-from gptlab.runtime import GptlabError, check_out_dir
-
-HF_FILES = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-            "special_tokens_map.json", "vocab.json", "merges.txt", "configuration_gptlab.py", "modeling_gptlab.py")
+from gptlab.cli.common import add_model_argument
 
 
 def register(stages) -> None:
@@ -40,27 +32,14 @@ def register(stages) -> None:
 
 
 def run_export_hf(args: argparse.Namespace) -> int:
-    from gptlab.export import check_exportable, export_hf
+    from gptlab.align.model_folders import load_model, load_model_tokenizer
+    from gptlab.export import check_export_dir, check_exportable, write_hf_folder
 
-    out = Path(args.out)
-    existing = check_out_dir(out, HF_FILES, flag="OUT")
-    if existing and not args.force:
-        raise GptlabError(f"OUT {out} holds an earlier export ({', '.join(sorted(existing))}); pass --force to replace it")
-    model, path = load_model_from(args.checkpoint)
-    check_exportable(model.config)  # before the tokenizer is read or anything is written
+    check_export_dir(args.out, force=args.force)  # before the model is read: a wrong OUT costs nothing
+    model, path = load_model(args.checkpoint)
+    check_exportable(model.config)  # before the tokenizer is read
     tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
-    chat = all(token in tokenizer.special_tokens for token in CHAT_TOKENS)  # a chat model: its template and stop token go along
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:  # written beside OUT, then swapped in: OUT is the old export or the new one, never half of each
-        written = export_hf(model, tmp, eos_token_id=tokenizer.special_tokens[END] if chat else tokenizer.eot_id)
-        tokenizer.save_huggingface_dir(tmp, model_max_length=model.config.block_size, chat_template=chat_template() if chat else None)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if out.exists():
-        shutil.rmtree(out)  # empty, or only an earlier export's files (checked above)
-    os.replace(tmp, out)
+    written = write_hf_folder(model, tokenizer, args.out, force=args.force)
     print(f"exported {args.checkpoint} ({model.config.arch}, {model.num_params():,} parameters) {written.describe()} with its "
-          f"tokenizer ({tokenizer.vocab_size:,} ids) to {out}")
+          f"tokenizer ({tokenizer.vocab_size:,} ids) to {written.directory}")
     return 0

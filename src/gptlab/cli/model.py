@@ -1,5 +1,5 @@
 """`gptlab model info`: a model's size, FLOPs per token and training memory, from a preset or any saved model
-(a run folder, a checkpoint, a Hugging Face folder: gptlab.cli.common).
+(a run folder, a checkpoint, a Hugging Face folder: gptlab.align.model_folders).
 
 The throughput line is datasheet arithmetic (tokens/s at 40% of a named GPU's peak); `--measure`
 times the model's training step on this machine instead (gptlab.train.measure) and prints its tokens/s,
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from gptlab.cli.common import add_model_argument, model_path, positive
+from gptlab.align.model_folders import find_model
+from gptlab.cli.common import add_model_argument, positive
 from gptlab.runtime import GptlabError
 
 GIB = 2**30
@@ -45,7 +46,7 @@ def register(stages) -> None:
 def _read_config(spec: str):
     from gptlab.model.hf import read_pretrained_config
 
-    return read_pretrained_config(model_path(spec))
+    return read_pretrained_config(find_model(spec))
 
 
 def _count(n: int) -> str:

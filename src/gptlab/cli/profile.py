@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from gptlab.cli.common import DEVICE_HELP, add_model_argument, model_path
+from gptlab.align.model_folders import find_model
+from gptlab.cli.common import DEVICE_HELP, add_model_argument
 
 DEFAULT_PRESET = "shakespeare-cpu"
 OWN_FLAGS = {"batch_size": "--batch", "seq_len": "--seq-len", "precision": "--precision", "steps": "--steps",
@@ -60,7 +61,7 @@ def resolve_config(args: argparse.Namespace, device):
     name = args.preset or (None if args.checkpoint else DEFAULT_PRESET)
     settings = {}
     if args.checkpoint:
-        base = ProfileConfig(model=read_pretrained_config(model_path(args.checkpoint)))
+        base = ProfileConfig(model=read_pretrained_config(find_model(args.checkpoint)))
     elif name in TRAIN_PRESETS:
         train = train_preset(name)
         base = ProfileConfig(model=train.model, optimizer=train.optimizer, fused_loss=train.fused_loss,

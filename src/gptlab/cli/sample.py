@@ -1,6 +1,6 @@
 """`gptlab sample`: text from a saved model, streamed to stdout as tokens arrive.
 
-The model is any folder gptlab makes or reads (gptlab.cli.common): a run
+The model is any folder gptlab makes or reads (gptlab.align.model_folders): a run
 folder, a checkpoint, a Hugging Face folder. The tokenizer is `--tokenizer`,
 else the one saved with the model. Generation stops at the tokenizer's
 end-of-text id and never draws an id the tokenizer cannot decode. With --num-samples N the samples run one after the
@@ -13,7 +13,8 @@ import argparse
 import codecs
 import sys
 
-from gptlab.cli.common import DEVICE_HELP, add_model_argument, load_model_from, load_model_tokenizer, pick_device
+from gptlab.align.model_folders import load_model, load_model_tokenizer
+from gptlab.cli.common import DEVICE_HELP, add_model_argument, pick_device
 from gptlab.runtime import GptlabError
 
 DEFAULT_NEW_TOKENS = 256
@@ -43,7 +44,7 @@ def run_sample(args: argparse.Namespace) -> int:
 
     if args.num_samples < 1:
         raise GptlabError(f"--num-samples must be at least 1, got {args.num_samples}")
-    model, path = load_model_from(args.checkpoint, device=pick_device(args.device))
+    model, path = load_model(args.checkpoint, device=pick_device(args.device))
     tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
     eot = tokenizer.eot_id
     ids = tokenizer.encode(args.prompt, allowed_special="all")

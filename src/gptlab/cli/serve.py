@@ -14,7 +14,8 @@ import errno
 import socket
 import sys
 
-from gptlab.cli.common import DEVICE_HELP, add_model_argument, load_model_from, load_model_tokenizer, pick_device, positive
+from gptlab.align.model_folders import load_model, load_model_tokenizer
+from gptlab.cli.common import DEVICE_HELP, add_model_argument, pick_device, positive
 from gptlab.runtime import GptlabError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -67,7 +68,7 @@ def run_serve(args: argparse.Namespace) -> int:
     check_api_key(args.api_key)  # before the model loads: an unset $KEY is refused at once
     sock = bind(args.host, args.port)
     try:
-        model, path = load_model_from(args.checkpoint, device=pick_device(args.device))
+        model, path = load_model(args.checkpoint, device=pick_device(args.device))
         tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
         try:
             chat_format = ChatFormat(tokenizer)

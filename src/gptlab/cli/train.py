@@ -47,7 +47,7 @@ def register(stages) -> None:
 
 def resolve_config(preset: str, overrides: list[str], depth: int | None = None, from_fit: str | None = None):
     """The preset (sized by --depth) with the overrides, the model's vocabulary taken from the data (or the model from --init-from)."""
-    from gptlab.cli.common import model_path
+    from gptlab.align.model_folders import find_model
     from gptlab.data.shards import read_manifest
     from gptlab.model.hf import read_pretrained_config
     from gptlab.runtime import GptlabError
@@ -68,7 +68,7 @@ def resolve_config(preset: str, overrides: list[str], depth: int | None = None, 
         raise GptlabError(f"--init-from {given['init_from']} sets the model; drop --depth {depth}")
     defaults = {}
     if given.get("init_from"):
-        init = read_pretrained_config(model_path(given["init_from"]))
+        init = read_pretrained_config(find_model(given["init_from"]))
         architecture = sorted(key for key in given if key.startswith("model.") and key != "model.dropout")
         if architecture:
             raise GptlabError(f"--init-from {given['init_from']} sets the model; drop {', '.join('--' + k.replace('_', '-') for k in architecture)}")

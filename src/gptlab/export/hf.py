@@ -13,7 +13,7 @@ Two paths, chosen by gptlab.model.hf.native_architecture:
              and transformers. Loaded with `from_pretrained(OUT, trust_remote_code=True)`.
 
 Weights first, config last: a folder with a config is complete. Not here: the tokenizer files
-(gptlab.tokenizer), the CLI's folder handling (gptlab.cli.export), reading folders back (gptlab.model.hf).
+(gptlab.tokenizer), replacing an earlier export (gptlab.export.folder), reading folders back (gptlab.model.hf).
 """
 
 from __future__ import annotations
