@@ -14,7 +14,7 @@ NATIVE := setup.py $(wildcard src/gptlab/tokenizer/_native/*.c)
 # Every dependency pinned to the versions the suite passed with (pip constraints); `make lock` updates it.
 LOCK := requirements.lock
 
-.PHONY: demo test install install-dev bench lock clean scaling curate
+.PHONY: demo test install install-dev bench lock clean scaling curate docs
 
 $(VENV)/.torch:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check src tests bench
 	$(PY) -m pytest -n 2 -q
+
+# The docs site (mkdocs.yml, docs/) into site/, offline; --strict: a broken link, a missing page or a page left out of
+# the nav fails, as in CI (tests/test_docs_site.py). Read it at site/index.html, or serve it: $(PY) -m mkdocs serve
+docs: $(VENV)/.installed-dev
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 bench: $(VENV)/.installed-dev
 	$(PY) bench/tokenizer_train.py --large-mb 200
@@ -86,4 +91,4 @@ lock:
 	@echo "requirements.lock updated: run make test, then commit it"
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info src/gptlab/tokenizer/*.so
+	rm -rf $(VENV) build site src/*.egg-info src/gptlab/tokenizer/*.so

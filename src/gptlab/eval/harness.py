@@ -305,7 +305,7 @@ def evaluate_harness(
     log_samples: bool = False,
     seed: int = 1234,
 ) -> dict:
-    """lm_eval.simple_evaluate on our model: the results dict (results[task][metric], configs, versions, ...).
+    """lm_eval.simple_evaluate on our model: the results dict (`results[task][metric]`, configs, versions, ...).
 
     `model`/`tokenizer` as GptlabLM takes them; `tasks`: lm-eval task names
     (or group names). `include_path`: a directory of extra task YAMLs, with

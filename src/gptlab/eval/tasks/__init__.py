@@ -1,5 +1,7 @@
 """Evaluation tasks: multiple choice scored by log-likelihood (base), and the tasks themselves.
 
+For example:
+
     TASKS["hellaswag"](path=None).evaluate(model, encode)  ->  {"acc": ..., "acc_norm": ..., "n": ..., ...}
     evaluate_suite(model, {"arc_easy": records, "lambada": records}, encode)  ->  rows, CORE aggregate, per-example records
 """
