@@ -139,9 +139,9 @@ def test_write_report_rewrites_the_page_from_the_runs_files(two_runs, tmp_path):
 @pytest.mark.parametrize("share, refreshed", [(1e9, True), (1e-9, False)])
 def test_a_checkpoint_refreshes_the_report_only_while_that_is_cheap(prepared, tmp_path, monkeypatch, share, refreshed):
     """What the last sample (after the last checkpoint, before the final report) finds: step 3's report, or none yet."""
-    import gptlab.train.trainer
+    import gptlab.train.hooks
 
-    monkeypatch.setattr(gptlab.train.trainer, "REPORT_SHARE", share)  # 1e9: every refresh is cheap enough; 1e-9: none is
+    monkeypatch.setattr(gptlab.train.hooks, "REPORT_SHARE", share)  # 1e9: every refresh is cheap enough; 1e-9: none is
     out = tmp_path / "run"
     found = []
 

@@ -121,7 +121,7 @@ def test_micro_batch_zero_is_refused_where_nothing_resolves_it():
 def test_auto_micro_batch_fits_the_free_memory_and_is_saved_resolved(prepared, tmp_path, monkeypatch):
     config = short_config(prepared, tmp_path / "auto", micro_batch=0, batch_tokens=8 * 32)
     two = micro_batch_memory(config.model, 2, 32, precision="fp32", device=CPU)
-    monkeypatch.setattr("gptlab.train.trainer.free_memory", lambda device: int(two / SAFETY) + 1)  # 2 fit, 4 do not
+    monkeypatch.setattr("gptlab.train.micro_batch.free_memory", lambda device: int(two / SAFETY) + 1)  # 2 fit, 4 do not
     lines = []
     trainer = Trainer(config, log=lines.append)
     assert (trainer.config.micro_batch, trainer.accum) == (2, 4)

@@ -13,7 +13,7 @@ workspaces; the 15% margin is for those. When a step still runs out of memory, t
 it at `smaller_micro_batch(B)`: half of B (the largest proper divisor when B is odd), which divides
 the step's sequences whenever B did, so the optimizer's batch never changes.
 
-Not here: the retry itself and the loader's re-batching (gptlab.train.trainer, gptlab.data.loader).
+Not here: the retry itself and the loader's re-batching (gptlab.train.micro_batch, gptlab.data.loader).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ NewtonSchulz runs five steps of X <- a X + (b A + c A^2) X with A = X X^T, from 
 (on the wide orientation, in bfloat16 or, with muon_precision fp32, float32), the quintic whose coefficients (3.4445, -4.775, 2.0315)
 maximise the slope at zero. This follows `torch.optim.Muon` operation for operation, so the two
 agree update for update (tests check it). Embeddings, the output head, biases and norm gains are
-not hidden matrices: they take AdamW's update (gptlab.train.optim.adamw_update) in the same
+not hidden matrices: they take AdamW's update (gptlab.train.adamw.adamw_update) in the same
 optimizer, so the Trainer, the schedule and checkpoints see one optimizer.
 Not here: which parameters are hidden matrices (gptlab.train.optim.muon_groups).
 """
@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from gptlab.train.optim import AdamW, adamw_update
+from gptlab.train.adamw import AdamW, adamw_update
 
 NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 NS_STEPS = 5
