@@ -1,17 +1,19 @@
-"""Every command in README.md's shell blocks runs as written, so the README cannot drift from the code.
+"""Every command in the shell blocks of README.md and the docs' pages runs as written, so the docs cannot drift from the code.
 
-The commands are read from the README itself (```bash, sh, shell and console blocks: backslash continuations
-joined, comments stripped) and each must be in exactly one of two tables:
+The pages are README.md and docs/*.md (docs/learn/ has its own test, tests/test_learn.py; docs/reference/ is
+generated from docstrings). The commands are read from the pages themselves (```bash, sh, shell and console
+blocks: backslash continuations joined, comments stripped) and each must be in exactly one of two tables:
 
 - RUNS: run here, in a workspace that is a copy of what a new user has after `make demo` (examples/, the docs
   files the commands name, and a tiny but real runs/shakespeare made once per session by `gptlab run`). The
-  README's text is run unchanged; a table entry only appends arguments that scale it down, sets environment
-  variables, or names README commands that must run first (as a user would have run them).
+  page's text is run unchanged; a table entry only appends arguments that scale it down, sets environment
+  variables, or names commands that must run first (as a user would have run them).
 - ELSEWHERE: cannot run here (network, GPUs, hours, or the make targets that install), with the reason. Their
   flags are still parsed by gptlab's own parser, so they cannot drift either.
 
-A README command in neither table fails the test, and so does a table entry the README no longer has.
-Python blocks are listed the same way, by their first line, and run with the workspace as the current folder.
+A command in neither table fails the test, and so does a table entry no page has any more. A command that
+appears on two pages (the README's front door and a stage page) runs once. Python blocks are listed the same way,
+by their first line, and run with the workspace as the current folder.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+# README.md, then the docs' pages in name order; docs/learn/ and docs/reference/ are folders, so the glob leaves them out
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 SHELLS = {"bash", "sh", "shell", "console"}
 COPIED = ["examples", "docs/curate.toml", "docs/scaling/results.jsonl"]  # what the commands name in the repository
 BIN = str(Path(sys.executable).parent)  # gptlab and python of this environment, as after `source .venv/bin/activate`
@@ -45,11 +49,11 @@ BIN = str(Path(sys.executable).parent)  # gptlab and python of this environment,
 
 @dataclasses.dataclass(frozen=True)
 class Scale:
-    """How a README command runs here: arguments appended, environment, what must exist first."""
+    """How a page's command runs here: arguments appended, environment, what must exist first."""
 
     extra: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
-    needs: tuple[str, ...] = ()  # README commands (RUNS keys) run before it, in the same workspace
+    needs: tuple[str, ...] = ()  # the pages' commands (RUNS keys) run before it, in the same workspace
     setup: str = ""  # a function of SETUPS that makes files a user would bring
     stdin: str | None = None  # fed to an interactive command
     serve: bool = False  # a server: started, probed, stopped
@@ -72,6 +76,9 @@ RUN_SMALL = (
     "--sft.micro-batch", "8", "--sft.eval-every", "2", "--sft.eval-batches", "2", "--sft.task-examples", "4", "--sft.precision", "fp32",
 )
 OFFLINE = (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"))
+# `gptlab profile` of a 1-layer model: one timed step after the two warm-up steps it needs at least
+PROFILE_SMALL = ("--batch", "2", "--seq-len", "32", "--steps", "1", "--warmup", "2", "--trace-steps", "1", "--precision", "fp32",
+                 "--model.n-layer", "1", "--model.n-embd", "32", "--model.n-head", "2")
 
 TOKENIZER = "gptlab tokenizer train --corpus shakespeare --vocab-size 4096"
 ENCODE = "gptlab tokenizer encode -t tok/ examples/play.txt > ids.txt"
@@ -136,6 +143,19 @@ RUNS: dict[str, Scale] = {
     "gptlab grpo --init runs/sft-arith/checkpoints/step_000400 --task": Scale(extra=GRPO_SMALL, needs=(SFT_ARITH,)),
     "gptlab grpo --init runs/sft --task \"arithmetic[digits=1]\" --loss dapo": Scale(extra=GRPO_SMALL, needs=(SFT,)),
     "gptlab run": Scale(extra=RUN_SMALL),
+    # systems
+    "gptlab profile --out prof": Scale(extra=PROFILE_SMALL),
+    "gptlab profile --out prof-ac --activation-checkpointing": Scale(extra=PROFILE_SMALL),
+    # the stage pages' Python API snippets, on the session's runs/shakespeare
+    "from gptlab.data.loader import LoaderConfig, ShardLoader": Scale(),
+    "from gptlab.curate.config import load_config": Scale(),
+    "from gptlab.kernels import flash_attention": Scale(),
+    "from gptlab.train import Trainer, train_preset": Scale(),
+    "from gptlab.data.match import find_model_tokenizer\nfrom gptlab.eval.suite import EvalConfig": Scale(),
+    "from gptlab.chat import ChatFormat": Scale(),
+    "import torch\nfrom gptlab.align.dpo import dpo_loss": Scale(),
+    "from gptlab.scaling.laws import EPOCH": Scale(),
+    "from transformers import AutoModelForCausalLM, AutoTokenizer": Scale(env=OFFLINE, needs=(EXPORT,)),
     # 400 steps, so that step_000400 exists as the README's next command expects; each of a few tokens
     SFT_ARITH: Scale(extra=("--max-steps", "400", "--checkpoint-every", "400", "--batch-tokens", "96", "--micro-batch", "2",
                             "--seq-len", "48", "--eval-every", "0", "--eval-batches", "1", "--sample-tokens", "4",
@@ -159,8 +179,15 @@ GPU = "needs 8 GPUs (torchrun, --device cuda)"
 ELSEWHERE: dict[str, str] = {
     "make demo": "the install and the whole demo, minutes; what it runs is `gptlab run`, run here at a small size",
     "make test": "the whole test suite, this test included",
-    "make curate": "works in the repository's runs/, not a scratch folder; its steps are the README's crawl and curate commands, run here",
-    "make scaling": "the 25-minute study; its sweep and fit are the README's commands, run here at a small size",
+    "make curate": "works in the repository's runs/, not a scratch folder; its steps are the pages' crawl and curate commands, run here",
+    "make scaling": "the 25-minute study; its sweep and fit are the pages' commands, run here at a small size",
+    "make docs": "builds the whole site (tests/test_docs_site.py builds it strictly)",
+    ".venv/bin/python bench/": "a benchmark: timed rounds, minutes on 2 cores; its output is the docs/bench_*.txt that docs/benchmarks.md "
+                               "shows (the script and each flag given are checked here)",
+    ".venv/bin/python -m pytest -q -rs -k cuda tests/": "needs a GPU: the CUDA tests skip on a CPU (docs/gpu.md)",
+    ".venv/bin/python -m pytest -q -rs tests/kernels": "needs a GPU for the Triton kernels' compiled path (docs/gpu.md); "
+                                                       "tests/kernels runs in the suite",
+    "torchrun --nnodes 2 --nproc-per-node 8": "needs 2 machines of 8 GPUs each and their shared data (docs/multinode.md)",
     "gptlab data prepare hf:HuggingFaceFW/fineweb-edu": NETWORK,
     "gptlab train --init-from gpt2": NETWORK,
     "torchrun --nproc_per_node=8 -m gptlab train": GPU,
@@ -182,7 +209,8 @@ ELSEWHERE: dict[str, str] = {
 class Command:
     text: str
     language: str  # "shell" or "python"
-    line: int  # where its block starts in README.md
+    line: int  # where its block starts in its page
+    page: str = "README.md"  # the page, relative to the repository root
 
 
 def strip_comment(line: str) -> str:
@@ -206,9 +234,10 @@ def shell_commands(body: str, language: str) -> list[str]:
 
 
 def readme_commands(text: str) -> list[Command]:
-    """Every command of the README's shell blocks and every python block, in order."""
+    """Every command of a page's shell blocks and every python block, in order."""
     commands = []
-    fence = re.compile(r"^([ \t]*)```(\w*)[ \t]*$")
+    # an opening fence may carry attributes after its language (```bash title="x"), as mkdocs-material allows
+    fence = re.compile(r"^([ \t]*)```(\w*)(?:[ \t]+[^`]*)?[ \t]*$")
     lines = text.splitlines()
     index = 0
     while index < len(lines):
@@ -217,7 +246,7 @@ def readme_commands(text: str) -> list[Command]:
         if not opening:
             continue
         indent, language, start, body = len(opening.group(1)), opening.group(2), index, []
-        while not fence.match(lines[index]):
+        while index < len(lines) and not fence.match(lines[index]):
             body.append(lines[index][indent:])
             index += 1
         index += 1
@@ -236,7 +265,21 @@ def entry(command: Command, table: dict) -> list[str]:
     return [key for key in table if text.startswith(key) and (len(text) == len(key) or not text[len(key) - 1:len(key) + 1].isalnum())]
 
 
-COMMANDS = readme_commands(README.read_text(encoding="utf-8"))
+def page_commands(pages: list[Path]) -> list[Command]:
+    """Every command of every page, each knowing its page."""
+    return [dataclasses.replace(command, page=page.relative_to(ROOT).as_posix())
+            for page in pages for command in readme_commands(page.read_text(encoding="utf-8"))]
+
+
+def unique(commands: list[Command]) -> list[Command]:
+    """The first of each command that several pages show, so that it runs (or parses) once."""
+    first: dict[tuple[str, str], Command] = {}
+    for command in commands:
+        first.setdefault((command.text, command.language), command)
+    return list(first.values())
+
+
+COMMANDS = page_commands(PAGES)
 
 
 def test_readme_blocks_are_read_with_continuations_joined_and_comments_stripped():
@@ -244,11 +287,26 @@ def test_readme_blocks_are_read_with_continuations_joined_and_comments_stripped(
     assert readme_commands(text) == [Command("gptlab x --y '#1' --z 2", "shell", 2), Command("gptlab v", "shell", 7)]
 
 
-def test_every_readme_command_is_in_exactly_one_table_and_every_entry_is_in_the_readme():
-    unlisted = [f"README.md:{c.line}: {c.text[:80]}" for c in COMMANDS if len(entry(c, RUNS) + entry(c, ELSEWHERE)) != 1]
+def test_pages_are_the_readme_and_the_docs_pages_but_not_learn_or_reference():
+    names = [page.relative_to(ROOT).as_posix() for page in PAGES]
+    assert names[0] == "README.md" and all(re.fullmatch(r"docs/[^/]+\.md", name) for name in names[1:])
+    assert "docs/evaluation.md" in names
+
+
+def test_a_command_on_two_pages_is_listed_twice_but_runs_once(tmp_path):
+    (tmp_path / "a.md").write_text("```bash\ngptlab x\n```\n")
+    (tmp_path / "b.md").write_text("text\n\n```bash\ngptlab x\ngptlab y\n```\n")
+    commands = [dataclasses.replace(c, page=name) for name in ("a.md", "b.md")
+                for c in readme_commands((tmp_path / name).read_text())]
+    assert [(c.page, c.line, c.text) for c in commands] == [("a.md", 1, "gptlab x"), ("b.md", 3, "gptlab x"), ("b.md", 3, "gptlab y")]
+    assert [(c.page, c.text) for c in unique(commands)] == [("a.md", "gptlab x"), ("b.md", "gptlab y")]
+
+
+def test_every_page_command_is_in_exactly_one_table_and_every_entry_is_on_some_page():
+    unlisted = [f"{c.page}:{c.line}: {c.text[:80]}" for c in COMMANDS if len(entry(c, RUNS) + entry(c, ELSEWHERE)) != 1]
     assert not unlisted, "add each to RUNS (with its scale-down) or ELSEWHERE (with the reason), once:\n" + "\n".join(unlisted)
     dead = [key for key in [*RUNS, *ELSEWHERE] if not any(key in entry(c, {key: None}) for c in COMMANDS)]
-    assert not dead, f"entries for commands the README no longer has: {dead}"
+    assert not dead, f"entries for commands no page has any more: {dead}"
     assert all(need in RUNS for scale in RUNS.values() for need in scale.needs)
 
 
@@ -280,7 +338,7 @@ SETUPS = {"hellaswag": setup_hellaswag, "tokenizer_files": setup_tokenizer_files
 
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory) -> Path:
-    """What a new user has after `make demo`, once per session: the repository's files the README names, and a
+    """What a new user has after `make demo`, once per session: the repository's files the pages name, and a
     runs/shakespeare made by a real `gptlab run` at a tiny size."""
     base = tmp_path_factory.mktemp("readme_base")
     for name in COPIED:
@@ -311,7 +369,7 @@ def environment(scale: Scale, workspace: Path) -> dict[str, str]:
 
 
 def run_shell(text: str, scale: Scale, workspace: Path, monkeypatch, capsys) -> tuple[int, str]:
-    """A README shell command with its scale-down, in the workspace: in process when plain `gptlab ...`, else bash."""
+    """A page's shell command with its scale-down, in the workspace: in process when plain `gptlab ...`, else bash."""
     for name, value in environment(scale, workspace).items():
         if name != "PATH":
             monkeypatch.setenv(name, value)
@@ -404,12 +462,25 @@ def readme_command(key: str) -> Command:
     return next(c for c in COMMANDS if key in entry(c, {key: None}))
 
 
-RUNNABLE = [c for c in COMMANDS if entry(c, RUNS)]
-NOT_RUN = [c for c in COMMANDS if entry(c, ELSEWHERE)]
+RUNNABLE = [c for c in unique(COMMANDS) if entry(c, RUNS)]
+NOT_RUN = [c for c in unique(COMMANDS) if entry(c, ELSEWHERE)]
 
 
 def short(command: Command) -> str:
-    return f"L{command.line}:" + command.text.splitlines()[0][:70]
+    return f"{command.page.removeprefix('docs/')}:L{command.line}:" + command.text.splitlines()[0][:70]
+
+
+def repository_paths(text: str) -> set[str]:
+    """The repository's own files a command names (`--task-data x=examples/a.jsonl` -> examples/a.jsonl)."""
+    words = re.split(r"[\s=,@'\"()\[\]]+", text)
+    return {word.rstrip("/") for word in words if word.startswith(("examples/", "docs/", "bench/")) and (ROOT / word).exists()}
+
+
+def test_the_workspace_copies_every_repository_file_a_command_names():
+    copied = [ROOT / name for name in COPIED]
+    named = {path for c in RUNNABLE for path in repository_paths(c.text)}
+    missing = sorted(path for path in named if not any((ROOT / path).is_relative_to(place) for place in copied))
+    assert not missing, f"add these to COPIED, so the commands find them in the workspace: {missing}"
 
 
 @pytest.mark.parametrize("command", RUNNABLE, ids=short)
@@ -419,9 +490,9 @@ def test_readme_command_runs_as_written(command, demo, tmp_path, monkeypatch, ca
     (key,) = entry(command, RUNS)
     for need in RUNS[key].needs:
         code, output = run_command(readme_command(need), workspace, monkeypatch, capsys)
-        assert code == 0, f"the README command it needs failed (exit {code}): {need}\n{output}"
+        assert code == 0, f"the command it needs failed (exit {code}): {need}\n{output}"
     code, output = run_command(command, workspace, monkeypatch, capsys)
-    assert code == 0, f"README.md:{command.line}: exit {code}: {command.text}\n{output}"
+    assert code == 0, f"{command.page}:{command.line}: exit {code}: {command.text}\n{output}"
 
 
 def gptlab_argv(text: str) -> list[str] | None:
@@ -435,12 +506,38 @@ def gptlab_argv(text: str) -> list[str] | None:
     return None
 
 
+def check_other_tool(text: str) -> None:
+    """`make TARGET`: the Makefile has the target. `python SCRIPT` or `python -m pytest PATH`: the repository's
+    files it names exist, and a script's source names each --flag given (argparse's add_argument("--flag"))."""
+    argv = shlex.split(text)
+    if argv[0] == "make":
+        assert re.search(rf"^{re.escape(argv[1])}:", (ROOT / "Makefile").read_text(), re.M), f"no make target {argv[1]}"
+        return
+    paths = [word for word in argv[1:] if "/" in word and not word.startswith("-")]
+    assert paths, f"a command of another tool that names no file of the repository: {text}"
+    missing = [path for path in paths if not (ROOT / path).exists()]
+    assert not missing, f"no such file in the repository: {missing}"
+    script = next((ROOT / path for path in paths if path.endswith(".py")), None)
+    if script is not None:
+        source = script.read_text(encoding="utf-8")
+        unknown = [flag for flag in argv if flag.startswith("--") and f'"{flag}"' not in source]
+        assert not unknown, f"{script.name} has no such flags: {unknown}"
+
+
+def test_another_tools_command_is_checked_against_the_repository():
+    check_other_tool("make demo")
+    check_other_tool(".venv/bin/python bench/parallel.py --rounds 9")
+    with pytest.raises(AssertionError, match="no such flags"):
+        check_other_tool(".venv/bin/python bench/parallel.py --no-such-flag 1")
+    with pytest.raises(AssertionError, match="no such file"):
+        check_other_tool(".venv/bin/python bench/no_such_bench.py")
+
+
 @pytest.mark.parametrize("command", NOT_RUN, ids=short)
 def test_readme_command_that_cannot_run_here_still_parses(command):
     argv = gptlab_argv(command.text)
     if argv is None:
-        target = command.text.split()[1]
-        assert re.search(rf"^{re.escape(target)}:", (ROOT / "Makefile").read_text(), re.M), f"no make target {target}"
+        check_other_tool(command.text)
         return
     parser = build_parser()
     args, extra = parser.parse_known_args(hyphenate(argv))

@@ -155,7 +155,7 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
     card_stage(config, model, tokenizer, tuned, runtime, log)
     log(f"done: artefacts in {out}/ (loss plots: {out / 'train' / 'loss.png'}, {out / 'sft' / 'loss.png'})")
     log(f"talk to it: gptlab chat {out / 'sft'}   or serve it (OpenAI API and web chat): gptlab serve {out / 'sft'}")
-    log(f"align it: gptlab dpo --init {out / 'sft'} --out runs/dpo   or gptlab grpo ... (README, stage 7)")
+    log(f"align it: gptlab dpo --init {out / 'sft'} --out runs/dpo   or gptlab grpo ... (docs/alignment.md)")
     return RunResult(
         tokenizer_dir=out / "tokenizer", val_bytes_per_token=stats.bytes_per_token, train_seconds=tokenizer_seconds,
         data_dir=data_dir, train=trained, val_bpb=val["bpb"], sample=text, sft=tuned, conversation=conversation,

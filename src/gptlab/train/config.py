@@ -97,7 +97,7 @@ def shakespeare_cpu() -> TrainConfig:
     RMSNorm, ReLU^2, QK-norm, an untied head and zero-initialised output projections (modded-nanogpt, nanochat);
     4 layers of 128 in heads of 64 and 2,048 tokens a step, which beat 4 x 192 and 4,096 at equal time here.
     Muon and logit soft-capping are left off: at equal steps they gave the same bits per byte here, and they cost
-    1.12x and 1.14x the step's time (README, stage 4). With --time-limit the schedule follows the budget, so any
+    1.12x and 1.14x the step's time (docs/training.md). With --time-limit the schedule follows the budget, so any
     budget ends annealed.
     """
     return TrainConfig(
