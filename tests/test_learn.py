@@ -1,0 +1,126 @@
+"""Every snippet of the learning path (docs/learn/*.md) runs as written, so the lessons cannot drift from the code.
+
+Each page's ```python and ```bash blocks run in order in a fresh workspace (a tmp folder as the current folder,
+this environment's bin first on PATH, as after `source .venv/bin/activate`): a python block as a script of its own,
+a bash block as one script under `set -e`, so a later block may use what an earlier one made (a tokenizer, shards).
+Every block must exit 0; the snippets assert the claims they print. A block that must not run here (a GPU-only
+command) is preceded by `<!-- not run: the reason -->`, and a marker without a reason fails.
+
+The pages themselves are checked too: the index links every page, and every topic page has its explanation's
+companions, the sections "In gptlab", "Run it" and "Try this", with at least one block that runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+LEARN = Path(__file__).resolve().parents[1] / "docs" / "learn"
+PAGES = sorted(LEARN.glob("*.md"))
+TOPICS = [page for page in PAGES if page.name != "index.md"]
+BIN = str(Path(sys.executable).parent)
+TIMEOUT = 120  # seconds per block: each is meant to take a few
+FENCE = re.compile(r"^\s*```(\w*)\s*$")  # indented too: blocks inside list items
+NOT_RUN = re.compile(r"^<!--\s*not run\b:?\s*(.*?)\s*-->$")
+SECTIONS = ("In gptlab", "Run it", "Try this")
+
+
+@dataclass(frozen=True)
+class Block:
+    language: str
+    code: str
+    line: int  # where the fence opens, 1-based, for messages
+    not_run: str | None  # the reason given in a `<!-- not run: ... -->` marker, "" if none was given
+
+
+def read_blocks(page: Path) -> list[Block]:
+    """The page's fenced python and bash blocks, each with the skip marker on the line before it (blank lines between allowed)."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    blocks, index = [], 0
+    while index < len(lines):
+        opened = FENCE.match(lines[index])
+        if not opened:
+            index += 1
+            continue
+        end = next((j for j in range(index + 1, len(lines)) if lines[j].lstrip().startswith("```")), None)
+        assert end is not None, f"{page.name}:{index + 1}: a code fence is never closed"
+        if opened.group(1) in ("python", "bash"):
+            before = next((line.strip() for line in reversed(lines[:index]) if line.strip()), "")
+            marker = NOT_RUN.match(before)
+            blocks.append(Block(opened.group(1), textwrap.dedent("\n".join(lines[index + 1 : end])) + "\n", index + 1,
+                                marker.group(1) if marker else None))
+        index = end + 1
+    return blocks
+
+
+def learn_env() -> dict[str, str]:
+    """This environment's tools first; one thread, so a block's speed and numbers do not depend on the host's cores."""
+    env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""), OMP_NUM_THREADS="1", MPLBACKEND="Agg",
+               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def run_block(block: Block, page: Path, workspace: Path, number: int) -> None:
+    """Run one block in the page's workspace; fail naming the page, the block's line and its output."""
+    if block.language == "python":
+        script = workspace / f".block_{number}.py"
+        script.write_text(block.code, encoding="utf-8")
+        command = [sys.executable, script.name]
+    else:
+        script = workspace / f".block_{number}.sh"
+        # ERR trap: name the command that failed, not just the block
+        script.write_text("set -eo pipefail\ntrap 'echo \"failed: $BASH_COMMAND\" >&2' ERR\n" + block.code, encoding="utf-8")
+        command = ["bash", script.name]
+    where = f"{page.relative_to(LEARN.parents[1])}:{block.line} ({block.language} block {number})"
+    try:
+        result = subprocess.run(command, cwd=workspace, env=learn_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{where} ran past {TIMEOUT} s; the learning path's snippets must take seconds")
+    if result.returncode != 0:
+        output = (result.stdout + result.stderr)[-4000:]
+        pytest.fail(f"{where} exited {result.returncode}:\n{output}")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[page.stem for page in PAGES])
+def test_learn_page_snippets_run(page: Path, tmp_path: Path) -> None:
+    blocks = read_blocks(page)
+    for number, block in enumerate(blocks, start=1):
+        if block.not_run is not None:
+            assert block.not_run, f"{page.name}:{block.line}: `<!-- not run -->` needs a reason: `<!-- not run: why -->`"
+            continue
+        run_block(block, page, tmp_path, number)
+
+
+@pytest.mark.parametrize("page", TOPICS, ids=[page.stem for page in TOPICS])
+def test_learn_page_has_explanation_code_and_experiment(page: Path) -> None:
+    headings = {line.lstrip("#").strip() for line in page.read_text(encoding="utf-8").splitlines() if line.startswith("## ")}
+    missing = [section for section in SECTIONS if section not in headings]
+    assert not missing, f"{page.name} lacks the section(s) {missing} (## {' / ## '.join(SECTIONS)})"
+    assert any(block.not_run is None for block in read_blocks(page)), f"{page.name} has no ```python or ```bash block that runs"
+
+
+def test_learn_index_links_every_page() -> None:
+    index = (LEARN / "index.md").read_text(encoding="utf-8")
+    linked = set(re.findall(r"\]\(([\w-]+\.md)(?:#[\w-]*)?\)", index))
+    assert linked <= {page.name for page in TOPICS}, f"the index links pages that do not exist: {sorted(linked - {p.name for p in TOPICS})}"
+    assert {page.name for page in TOPICS} <= linked, f"pages the index does not list: {sorted({p.name for p in TOPICS} - linked)}"
+
+
+def test_read_blocks_finds_markers_and_reasons(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("text\n```python\nprint(1)\n```\n<!-- not run: needs a GPU -->\n\n```bash\nnvidia-smi\n```\n"
+                    "<!-- not run -->\n```bash\nfalse\n```\n```text\nnot code\n```\n- item\n\n  ```python\n  print(2)\n  ```\n", encoding="utf-8")
+    blocks = read_blocks(page)
+    assert [(block.language, block.line, block.not_run) for block in blocks] == [
+        ("python", 2, None), ("bash", 7, "needs a GPU"), ("bash", 11, ""), ("python", 19, None)]
+    assert blocks[-1].code == "print(2)\n"
