@@ -40,7 +40,7 @@ def greedy_continuation(model: GPT, context: list[int], length: int) -> list[int
     tokens = list(context)
     with torch.no_grad():
         for _ in range(length):
-            logits, _ = model(torch.tensor([tokens[-model.config.block_size :]]))
+            logits, _ = model(torch.tensor([tokens[-model.config.block_size :]], device=next(model.parameters()).device))
             tokens.append(int(logits[0, -1].argmax()))
     return tokens[len(context) :]
 

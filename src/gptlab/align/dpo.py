@@ -289,7 +289,8 @@ class DPOTrainer(Trainer):
 
     def _micro_loss(self, x: torch.Tensor, y: torch.Tensor, kwargs: dict, weight: float | None) -> torch.Tensor:
         losses, chosen, rejected, sums = self._pair_losses(self.wrapped, "train", x, y, kwargs)
-        self.tally += torch.stack([chosen.sum(), rejected.sum(), (chosen > rejected).sum(), torch.tensor(len(chosen))]).cpu()
+        counts = [chosen.sum(), rejected.sum(), (chosen > rejected).sum(), chosen.new_tensor(len(chosen))]  # on the model's device
+        self.tally += torch.stack([count.detach().float() for count in counts]).cpu()
         loss = losses.mean()
         if self.config.sft_weight:  # RPO: the chosen replies' NLL per token, so DPO cannot just make both unlikely
             B = len(chosen)
