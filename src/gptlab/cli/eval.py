@@ -27,7 +27,6 @@ import argparse
 from pathlib import Path
 
 from gptlab.cli.common import DEVICE_HELP, load_model_from, load_model_tokenizer, model_path, positive
-from gptlab.eval.card import CARD_FILES
 from gptlab.runtime import GptlabError
 
 TASK_NAMES = ("hellaswag",)
@@ -97,6 +96,7 @@ def check_usage(args: argparse.Namespace) -> None:
 
 def run_eval(args: argparse.Namespace) -> int:
     from gptlab.data.match import check_tokenizer
+    from gptlab.eval.output import claim_card_folder
     from gptlab.runtime.device import autocast, init_runtime, resolve_precision, shutdown_runtime
 
     check_usage(args)
@@ -109,7 +109,7 @@ def run_eval(args: argparse.Namespace) -> int:
             check_tokenizer(args.data, tokenizer, name)  # before the weights are even read: mismatched ids mean nothing
         config = eval_config(args) if args.suite or args.judge else None  # every option checked before the weights load
         chat = chat_format(tokenizer, config)
-        out = claim_out(args, path, config) if config and runtime.is_main else None  # rank 0 writes the card
+        out = claim_card_folder(path, config, out=args.out, force=args.force) if config and runtime.is_main else None
         model, _ = load_model_from(str(path), device=runtime.device)
         model.eval()
         context = autocast(runtime.device, resolve_precision(args.precision, runtime.device))
@@ -180,45 +180,10 @@ def chat_format(tokenizer, config):
                           "this model's tokenizer has none: use --suite core for a base model") from None
 
 
-def run_folder_of(path: Path) -> Path | None:
-    """The training run a model folder belongs to (the nearest folder above holding metrics.jsonl), if any."""
-    for folder in [path, *path.parents][:4]:
-        if (folder / "metrics.jsonl").is_file():
-            return folder
-    return None
-
-
-def claim_out(args: argparse.Namespace, path: Path, config):
-    """The folder the card goes to (--out, else RUN/eval-SUITE), claimed before any compute; None: print only."""
-    from dataclasses import asdict
-
-    from gptlab.runtime.rundir import claim_run_folder
-
-    run = run_folder_of(path.resolve())
-    out = Path(args.out) if args.out else (run / f"eval-{config.suite or 'judge'}" if run is not None else None)
-    if out is None:
-        return None
-    settings = {"model": str(path.resolve()), **{key: value for key, value in asdict(config).items() if key != "batch_size"}}
-    try:
-        return claim_run_folder(out, command="eval", config=json_safe(settings), ours=CARD_FILES, force=args.force, resumes=False)
-    except GptlabError as error:
-        if args.out:
-            raise
-        raise GptlabError(f"{error} (no --out was given: {_shown(out)} is where the cards of this run's model go)") from None
-
-
-def json_safe(value):
-    import json
-
-    return json.loads(json.dumps(value, default=str))
-
-
 def evaluate_card_to(folder, model, tokenizer, chat, config, context, runtime, args, say) -> None:
-    """Run the card, print it, save eval.json and examples.jsonl (rank 0); a refusal before compute undoes the folder."""
-    import json
-
+    """Run the card, print it, save it (rank 0) through gptlab.eval.output; a refusal before compute undoes the folder."""
+    from gptlab.eval.output import save_card, shown
     from gptlab.eval.suite import evaluate_card
-    from gptlab.runtime import atomic_write_text
 
     try:
         card, examples = evaluate_card(model, config, encode=tokenizer.encode_ordinary, chat=chat, autocast=context,
@@ -230,21 +195,9 @@ def evaluate_card_to(folder, model, tokenizer, chat, config, context, runtime, a
     say(card.text())
     if folder is None:
         say("(not saved: pass --out DIR to keep eval.json and every question in examples.jsonl)")
-        return
-    if runtime.is_main:
-        lines = [json.dumps({"task": task, **record}, default=str) for task, records in examples.items() for record in records]
-        atomic_write_text(folder.path / "examples.jsonl", "".join(line + "\n" for line in lines))
-        card.save(folder.path / "eval.json")
-        where = _shown(folder.path)
-        say(f"saved: {where / 'eval.json'} and {where / 'examples.jsonl'} ({len(lines):,} questions)")
-
-
-def _shown(path: Path) -> Path:
-    """A path as the user would type it: relative to the working folder when it lies inside it."""
-    try:
-        return path.relative_to(Path.cwd())
-    except ValueError:
-        return path
+    elif runtime.is_main:
+        count, where = save_card(folder.path, card, examples), shown(folder.path)
+        say(f"saved: {where / 'eval.json'} and {where / 'examples.jsonl'} ({count:,} questions)")
 
 
 def _config_only(path: Path):
