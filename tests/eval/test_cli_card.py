@@ -137,3 +137,14 @@ def test_eval_judge_card_from_the_command_line_against_a_scripted_judge(chat_mod
     assert all(request["headers"]["Authorization"] == "Bearer secret-key" for request in judge.requests)
     assert "secret-key" not in (tmp_path / "card" / "eval.json").read_text() + (tmp_path / "card" / "examples.jsonl").read_text()
     assert card.settings["judge"]["url"] == judge.url
+
+
+def test_eval_that_fails_after_claiming_its_folder_leaves_no_folder(chat_model, tmp_path, capsys):
+    """Weights that cannot be read fail after --out is claimed (the config is read first): the new folder goes again."""
+    science, passages = write_tasks(tmp_path / "data")
+    broken = tmp_path / "broken"
+    shutil.copytree(chat_model, broken)
+    (broken / "model.safetensors").write_bytes(b"not weights")
+    assert main(core_args(broken, science, passages, "--out", str(tmp_path / "card"))) == 1
+    assert "Traceback" not in capsys.readouterr().err
+    assert not (tmp_path / "card").exists()

@@ -110,18 +110,23 @@ def run_eval(args: argparse.Namespace) -> int:
         config = eval_config(args) if args.suite or args.judge else None  # every option checked before the weights load
         chat = chat_format(tokenizer, config)
         out = claim_card_folder(path, config, out=args.out, force=args.force) if config and runtime.is_main else None
-        model, _ = load_model_from(str(path), device=runtime.device)
-        model.eval()
-        context = autocast(runtime.device, resolve_precision(args.precision, runtime.device))
-        say = print if runtime.is_main else (lambda line: None)
-        if args.data:
-            evaluate_data(model, args, context, say)
-        if args.task:
-            evaluate_task(model, tokenizer, args, context, say)
-        if args.harness:
-            evaluate_with_harness(model, tokenizer, args, say)
-        if config:
-            evaluate_card_to(out, model, tokenizer, chat, config, context, runtime, args, say)
+        try:
+            model, _ = load_model_from(str(path), device=runtime.device)
+            model.eval()
+            context = autocast(runtime.device, resolve_precision(args.precision, runtime.device))
+            say = print if runtime.is_main else (lambda line: None)
+            if args.data:
+                evaluate_data(model, args, context, say)
+            if args.task:
+                evaluate_task(model, tokenizer, args, context, say)
+            if args.harness:
+                evaluate_with_harness(model, tokenizer, args, say)
+            if config:
+                evaluate_card_to(out, model, tokenizer, chat, config, context, runtime, args, say)
+        except (GptlabError, KeyboardInterrupt):  # refused or stopped before the card was saved: a new folder goes
+            if out is not None:
+                out.undo()
+            raise
     finally:
         shutdown_runtime(runtime)
     return 0
@@ -181,17 +186,12 @@ def chat_format(tokenizer, config):
 
 
 def evaluate_card_to(folder, model, tokenizer, chat, config, context, runtime, args, say) -> None:
-    """Run the card, print it, save it (rank 0) through gptlab.eval.output; a refusal before compute undoes the folder."""
+    """Run the card, print it, and save it (rank 0) through gptlab.eval.output."""
     from gptlab.eval.output import save_card, shown
     from gptlab.eval.suite import evaluate_card
 
-    try:
-        card, examples = evaluate_card(model, config, encode=tokenizer.encode_ordinary, chat=chat, autocast=context,
-                                       progress=True, name=str(args.checkpoint))
-    except (GptlabError, KeyboardInterrupt):
-        if folder is not None:
-            folder.undo()
-        raise
+    card, examples = evaluate_card(model, config, encode=tokenizer.encode_ordinary, chat=chat, autocast=context,
+                                   progress=True, name=str(args.checkpoint))
     say(card.text())
     if folder is None:
         say("(not saved: pass --out DIR to keep eval.json and every question in examples.jsonl)")
