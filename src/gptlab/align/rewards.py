@@ -28,7 +28,10 @@ A reward spec, as the CLI takes it, is comma-separated terms, each `REWARD` or `
                                             a module on the Python path; a negative weight is a penalty
     verifier,my_rewards.py:brevity*0        brevity logged, but not trained on
 
-REWARD is `verifier`, `path/to/file.py:function` (loaded from the file, nothing installed;
+    verifier,rm:runs/rm*0.5                 a trained reward model (gptlab rm) scores each reply
+    judge:http://localhost:8000/v1          an LM judge grades each reply (gptlab.align.judge_reward)
+
+REWARD is `verifier`, `rm:DIR`, `judge:URL`, `path/to/file.py:function` (loaded from the file, nothing installed;
 a path ends in .py) or `package.module:function` (imported). The total reward of a
 completion is the sum of weight × value over the terms. Paths with a comma or `*` in
 them cannot be written in a spec; build `Rewards` in Python for those.
@@ -233,13 +236,28 @@ def parse_rewards(spec: str, *, task: Task | None = None) -> list[Reward]:
             except ValueError:
                 raise GptlabError(f"reward {text!r}: the weight after * must be a number, e.g. {name.strip()}*0.1") from None
         name = name.strip()
-        if name == VERIFIER:
+        kind, colon, where = name.partition(":")
+        if colon and kind in REWARD_KINDS:
+            terms.append(Reward(kind, _load_kind(kind, where.strip()), weight))
+        elif name == VERIFIER:
             if task is None:
                 raise GptlabError(f"reward {VERIFIER!r} needs a task to verify against (pass task=...)")
             terms.append(Reward(VERIFIER, verifier_reward(task), weight))
         else:
             terms.append(Reward(name.rpartition(":")[2].strip() or name, load_reward(name), weight))
     return terms
+
+
+# prefixed terms: "rm:DIR" a trained reward model, "judge:URL" an LM judge; the module and factory that build each
+REWARD_KINDS = {"rm": ("gptlab.align.rm_reward", "reward_model_reward"), "judge": ("gptlab.align.judge_reward", "judge_reward")}
+
+
+def _load_kind(kind: str, where: str) -> RewardFn:
+    """The reward function of a prefixed term, built by its module's factory (imported only when named)."""
+    if not where:
+        raise GptlabError(f"reward {kind}: needs {'a reward model folder, e.g. rm:runs/rm' if kind == 'rm' else 'a URL, e.g. judge:http://localhost:8000/v1'}")
+    module, factory = REWARD_KINDS[kind]
+    return getattr(importlib.import_module(module), factory)(where)
 
 
 def _function_name(function: Callable) -> str:

@@ -307,7 +307,24 @@ class GPT(nn.Module):
         `fused_loss` (training: targets given, gradients on) returns no logits and the loss from the head,
         cap and cross-entropy fused in chunks (gptlab.model.loss): less memory, and faster.
         """
-        B, T = idx.shape
+        x = self.hidden_states(idx, cache=cache, positions=positions, mask=mask)
+        if fused_loss and targets is not None and torch.is_grad_enabled():
+            return None, linear_cross_entropy(x, self.lm_head.weight, targets, self.config.vocab_size, self.config.logit_softcap,
+                                              ignore_index, loss_reduction)
+        if last_only and targets is None:
+            x = x[:, -1:]
+        logits = self.head_logits(x)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=ignore_index,
+                                   reduction=loss_reduction)
+        return logits, loss
+
+    def hidden_states(self, idx: torch.Tensor, *, cache=None, positions: torch.Tensor | None = None,
+                      mask: torch.Tensor | None = None) -> torch.Tensor:
+        """idx (B, T) -> the final normalised hidden states (B, T, n_embd): what the output layer reads, and what a
+        scalar head (a reward model's, a value function's) reads instead. Arguments as forward's."""
+        T = idx.shape[1]
         start = cache.length if cache is not None else 0
         if start + T > self.config.block_size:
             raise GptlabError(f"sequence of {start + T} tokens is longer than the context ({self.config.block_size})")
@@ -325,21 +342,15 @@ class GPT(nn.Module):
                 x = block(x, rotary, cache, layer, *masks[layer])
         if cache is not None:
             cache.advance(T)
-        x = self.transformer["ln_f"](x)
-        if fused_loss and targets is not None and torch.is_grad_enabled():
-            return None, linear_cross_entropy(x, self.lm_head.weight, targets, self.config.vocab_size, self.config.logit_softcap,
-                                              ignore_index, loss_reduction)
-        if last_only and targets is None:
-            x = x[:, -1:]
+        return self.transformer["ln_f"](x)
+
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Hidden states (..., n_embd) -> logits (..., vocab_size): the output layer, its padding cut, the softcap."""
         logits = self.lm_head(x)[..., : self.config.vocab_size]  # padded rows are never seen
         if self.config.logit_softcap:
             cap = self.config.logit_softcap
             logits = cap * torch.tanh(logits / cap)  # smoothly bounded to (-cap, cap) (Gemma 2)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=ignore_index,
-                                   reduction=loss_reduction)
-        return logits, loss
+        return logits
 
     def _embed(self, idx: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, tuple | None]:
         """Token embeddings (+ learned positions), and the rotary (cos, sin) of each position, (B|1, 1, T, D)."""
