@@ -154,6 +154,7 @@ RUNS: dict[str, Scale] = {
     "from gptlab.data.match import find_model_tokenizer\nfrom gptlab.eval.suite import EvalConfig": Scale(),
     "from gptlab.chat import ChatFormat": Scale(),
     "import torch\nfrom gptlab.align.dpo import dpo_loss": Scale(),
+    "import torch\nfrom gptlab.align.logprobs import": Scale(),
     "from gptlab.scaling.laws import EPOCH": Scale(),
     "from transformers import AutoModelForCausalLM, AutoTokenizer": Scale(env=OFFLINE, needs=(EXPORT,)),
     # 400 steps, so that step_000400 exists as the README's next command expects; each of a few tokens

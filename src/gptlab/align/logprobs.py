@@ -103,7 +103,7 @@ def policy_gradient_loss(advantages: torch.Tensor, logp: torch.Tensor, old_logp:
     """Unreduced per-token policy-gradient loss and which tokens were clipped (both shaped like logp).
 
     No old_logp: REINFORCE, -A · log π. With old_logp: the importance ratio ρ = exp(log π - log π_old), and with clip
-    bounds PPO's clipped surrogate -min(ρ A, clip(ρ, 1 - clip_low, 1 + clip_high) A). `advantages` broadcasts
+    bounds PPO's clipped surrogate -min(ρ A, clip(ρ, 1 - clip_low, 1 + clip_high) A) (one bound alone: symmetric). `advantages` broadcasts
     against logp: (B, 1) for one advantage per response (GRPO), (B, T) for one per token (PPO).
     """
     if old_logp is None:
@@ -113,6 +113,8 @@ def policy_gradient_loss(advantages: torch.Tensor, logp: torch.Tensor, old_logp:
     if clip_low is None and clip_high is None:
         loss = -ratio * advantages
         return loss, torch.zeros_like(loss, dtype=torch.bool)
-    low, high = 1 - (clip_low or 0.0), 1 + (clip_high if clip_high is not None else clip_low)
+    # one bound given: both sides use it (a missing clip_low is not 0, which would pin ρ at 1 from below)
+    low = 1 - (clip_low if clip_low is not None else clip_high)
+    high = 1 + (clip_high if clip_high is not None else clip_low)
     unclipped, clipped = ratio * advantages, ratio.clamp(low, high) * advantages
     return -torch.minimum(unclipped, clipped), clipped < unclipped

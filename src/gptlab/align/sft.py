@@ -15,6 +15,15 @@ Evaluation: val loss on held-out conversations (`val_fraction` of every file and
 dataset, the `test` split of every task), and accuracy on the tasks' held-out
 examples by greedy generation and their verifiers (gptlab.eval.chat).
 
+Entropy: the mean entropy, in nats, of the model's next-token distribution at the
+assistant tokens, logged as `val_entropy` at each evaluation (over the val batches;
+one more forward of them, nothing on the train path) and as `entropy` on each step's
+line when training sees its logits (fused_loss false, or compile): under the fused
+loss the train step never holds the logits, and materialising them would cost what
+the fusion saves. Falling towards 0 while val loss rises is the model growing sure
+of wrong answers; a tuned model's entropy far below its base's says its sampling
+has lost variety (the GRPO/PPO start that leaves little to explore).
+
 Not here: reading sources (gptlab.chat.data), the loop itself (gptlab.train).
 """
 
@@ -22,14 +31,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
+from gptlab.align.logprobs import IGNORE, token_entropy
 from gptlab.align.start import resolve_start
 from gptlab.chat import ChatFormat
 from gptlab.chat.data import Mixture, MixtureConfig
 from gptlab.chat.loader import ConversationLoader, ConversationLoaderConfig
+from gptlab.eval.loss import LOGIT_BYTES
 from gptlab.model import GPT
 from gptlab.runtime import GptlabError
 from gptlab.runtime.device import resolve_precision
@@ -106,6 +118,7 @@ class SFTTrainer(Trainer):
     """The Trainer with conversations for data and a grown base model for a start (see the module docstring)."""
 
     command = "sft"
+    entropy_sums: torch.Tensor | None = None  # (entropy sum, counted tokens) since the last metrics line, unfused only
 
     def _check_before_compute(self, config: SFTConfig) -> SFTConfig:
         if not config.data:
@@ -138,6 +151,33 @@ class SFTTrainer(Trainer):
     def _token_bytes(self) -> torch.Tensor | None:
         return None  # bits per byte of assistant turns says little; val loss is reported
 
+    def _evaluate(self) -> None:
+        """Val loss (the Trainer's), then the entropy at the same val batches' assistant tokens (val_entropy)."""
+        super()._evaluate()
+        if self.val_loader is None:
+            return
+        self.val_loader.reset()
+        entropy = evaluate_entropy(self.model, self.val_loader, self.config.eval_batches, self.cast)
+        self.metrics.log({"step": self.state.step, "val_entropy": entropy})
+
+    def _micro_loss(self, x: torch.Tensor, y: torch.Tensor, kwargs: dict, weight: float | None) -> torch.Tensor:
+        """The Trainer's loss; when this path returns logits (not fused), also their entropy at the counted tokens."""
+        if self.config.fused_loss and not self.config.compile:
+            return super()._micro_loss(x, y, kwargs, weight)
+        with self.cast:
+            logits, loss = self.wrapped(x, y, loss_reduction="mean" if weight is None else "sum", fused_loss=False, **kwargs)
+        counted = y != IGNORE
+        if self.entropy_sums is None:
+            self.entropy_sums = torch.zeros(2, dtype=torch.float64, device=y.device)  # entropy sum, counted tokens
+        self.entropy_sums[0] += token_entropy(logits[counted].detach()).sum().double()  # stays on the device: no sync
+        self.entropy_sums[1] += counted.sum()
+        return loss / self.accum if weight is None else loss * weight
+
+    def _step_metrics(self) -> dict[str, float]:
+        """The mean entropy over the counted tokens this rank trained on since the last metrics line."""
+        sums, self.entropy_sums = self.entropy_sums, None
+        return {"entropy": (sums[0] / sums[1]).item()} if sums is not None and sums[1] > 0 else {}
+
     def _task_every(self) -> int:
         return self.config.task_every
 
@@ -152,6 +192,35 @@ def load_mixtures(config: SFTConfig, log: Callable[[str], None]) -> dict[str, Mi
     for report in mixtures["train"].reports:
         log(report.summary())
     return mixtures
+
+
+@torch.no_grad()
+def evaluate_entropy(model: torch.nn.Module, loader, n_batches: int, autocast=None) -> float:
+    """Mean next-token entropy (nats) at the counted targets of `n_batches` batches (fewer if the loader runs out),
+    a few rows at a time as gptlab.eval.loss does, summed over ranks; nan when nothing counts."""
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(2, dtype=torch.float64, device=next(model.parameters()).device)  # entropy sum, counted targets
+    for _ in range(n_batches):
+        try:
+            x, y, *extra = loader.next_batch()
+        except StopIteration:
+            break
+        kwargs = extra[0] if extra else {}
+        rows = max(1, LOGIT_BYTES // (4 * x.shape[1] * model.config.vocab_size))
+        for start in range(0, x.shape[0], rows):
+            part = {key: value[start : start + rows] if torch.is_tensor(value) and value.shape[:1] == x.shape[:1] else value
+                    for key, value in kwargs.items()}
+            with autocast or nullcontext():
+                logits, _ = model(x[start : start + rows], **part)
+            counted = y[start : start + rows] != IGNORE
+            sums[0] += token_entropy(logits[counted]).sum().double()
+            sums[1] += counted.sum()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(sums)
+    if was_training:
+        model.train()
+    return (sums[0] / sums[1]).item() if sums[1] > 0 else float("nan")
 
 
 def chat_sampler(question: str, max_new_tokens: int = 64) -> Callable[[GPT, object], str]:
