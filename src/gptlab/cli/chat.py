@@ -13,6 +13,11 @@ with no prompt or banner, so `printf 'hi\\nmore\\n' | gptlab chat MODEL` works.
 Ctrl-C while the model answers stops that answer (what was shown stays in the
 conversation); Ctrl-C at the prompt leaves (exit 130); so do /exit and Ctrl-D (exit 0).
 Notes and errors inside the session go to stderr and the session goes on.
+
+With --best-of N --reward SPEC each reply is the best of N candidates sampled together and scored
+by the reward with the conversation so far as the prompt (gptlab.align.best_of); the reply is shown
+once chosen, with a dim line under it: its reward against the candidates' mean, min and max.
+Reply k's candidate j is seeded with seed + k·N + j, so N = 1 replies as without --best-of.
 """
 
 from __future__ import annotations
@@ -49,6 +54,10 @@ def register(stages) -> None:
                         help="longest reply in tokens (default: 512, or half the model's context if smaller)")
     parser.add_argument("--seed", type=int, help="seed for reproducible replies: reply k uses seed + k (default: random)")
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
+    parser.add_argument("--best-of", type=int, default=1, metavar="N",
+                        help="sample N replies per turn and show the one --reward scores highest (default 1)")
+    parser.add_argument("--reward", metavar="SPEC", help="what --best-of picks by: rm:DIR (a reward model), judge:URL, "
+                        "file.py:function, or weighted sums; the prompt it sees is the conversation so far")
     parser.set_defaults(handler=run_chat)
 
 
@@ -61,7 +70,9 @@ class Session:
     settings: dict
     system: str | None = None
     messages: list[dict] = field(default_factory=list)  # user and assistant turns; the system prompt is kept apart
-    replies: int = 0  # replies generated so far: reply k is seeded with seed + k
+    replies: int = 0  # replies generated so far: reply k is seeded with seed + k (× best_of)
+    best_of: int = 1  # candidates per reply
+    reward: object = None  # a gptlab.align.best_of.BestOfReward: replies are chosen by it (None: plain sampling)
 
     def sampling(self, **changes):
         """The SamplingConfig for the next reply (checked: a bad setting raises GptlabError)."""
@@ -76,7 +87,7 @@ class Session:
         return SamplingConfig(
             max_new_tokens=settings["max_tokens"], temperature=settings["temperature"], top_k=settings["top_k"],
             top_p=settings["top_p"], stop_tokens=self.chat_format.stop_tokens,
-            seed=None if seed is None else seed + self.replies, vocab_size=self.chat_format.tokenizer.vocab_size,
+            seed=None if seed is None else seed + self.replies * self.best_of, vocab_size=self.chat_format.tokenizer.vocab_size,
         )
 
     def conversation(self, text: str) -> list[dict]:
@@ -95,26 +106,48 @@ class Session:
         if dropped:
             note(f"(dropped the oldest {dropped} message{'s' * (dropped > 1)} to fit the model's context of {block} tokens)")
         tokenizer = self.chat_format.tokenizer
-        tokens = stream(self.model, [self.chat_format.prompt(messages)], config)
-        self.replies += 1
-        text_stream, reply = TextStream(tokenizer), []
-        try:
-            for _, token in tokens:
-                reply.append(token)
-                write(text_stream.add(token))
-        except KeyboardInterrupt:  # stop this reply only, like llama.cpp and ollama
-            tokens.close()
-            write(text_stream.flush() + "\n")
-            note("(stopped)")
+        if self.reward is not None:
+            content = self.best_reply(messages, config, write)
         else:
-            write(text_stream.flush() + "\n")
-        content = tokenizer.decode(reply)
+            tokens = stream(self.model, [self.chat_format.prompt(messages)], config)
+            self.replies += 1
+            text_stream, reply = TextStream(tokenizer), []
+            try:
+                for _, token in tokens:
+                    reply.append(token)
+                    write(text_stream.add(token))
+            except KeyboardInterrupt:  # stop this reply only, like llama.cpp and ollama
+                tokens.close()
+                write(text_stream.flush() + "\n")
+                note("(stopped)")
+            else:
+                write(text_stream.flush() + "\n")
+            content = tokenizer.decode(reply)
         kept = messages[1:] if self.system else messages
         if content.strip():
             self.messages = [*kept, {"role": "assistant", "content": content}]
         else:  # an empty message is not a valid turn: leave the exchange out
             self.messages = kept[:-1]
             note("(empty reply: this exchange is not kept in the conversation)")
+
+    def best_reply(self, messages: list[dict], config, write) -> str:
+        """The best of `best_of` candidate replies by the reward, written once chosen, with its scores under it in dim."""
+        from gptlab.align.best_of import best_of_reply
+        from gptlab.infer import Engine, EngineConfig
+        from gptlab.infer.best_of import describe
+
+        self.replies += 1
+        try:
+            with Engine(self.model, EngineConfig(slots=self.best_of)) as engine:
+                result, content = best_of_reply(engine, self.chat_format.tokenizer, self.chat_format.prompt(messages), config,
+                                                self.best_of, self.reward, messages)
+        except KeyboardInterrupt:  # nothing was shown yet: the turn is dropped
+            note("(stopped)")
+            return ""
+        write(content + "\n")
+        dim, plain = ("\033[2m", "\033[0m") if sys.stderr.isatty() else ("", "")
+        note(f"{dim}({describe(result.summary())}){plain}")
+        return content
 
     def command(self, line: str) -> bool:
         """Run a /command; False when it asks to leave."""
@@ -159,6 +192,7 @@ class Session:
 def run_chat(args: argparse.Namespace) -> int:
     from gptlab.chat import ChatFormat
 
+    reward = load_reward(args)  # before the model: a bad spec costs no compute
     model, path = load_model(args.checkpoint, device=pick_device(args.device))
     tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
     try:
@@ -170,7 +204,7 @@ def run_chat(args: argparse.Namespace) -> int:
     max_tokens = args.max_tokens if args.max_tokens is not None else min(512, block // 2)
     settings = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                 "max_tokens": max_tokens, "seed": args.seed}
-    session = Session(model, chat_format, settings, system=args.system or None)
+    session = Session(model, chat_format, settings, system=args.system or None, best_of=args.best_of, reward=reward)
     session.sampling()  # a bad flag is one error line before the session starts
     interactive = sys.stdin.isatty()
     if interactive:
@@ -178,6 +212,20 @@ def run_chat(args: argparse.Namespace) -> int:
 
         note(f"chatting with {args.checkpoint} (context {block} tokens); /help for commands, Ctrl-D to leave")
     return converse(session, interactive)
+
+
+def load_reward(args: argparse.Namespace):
+    """The --reward replies are chosen by (None: plain replies); --best-of above 1 needs one."""
+    from gptlab.infer.best_of import check_best_of
+
+    check_best_of(args.best_of, "--best-of")
+    if args.reward is None:
+        if args.best_of > 1:
+            raise GptlabError(f"--best-of {args.best_of} needs --reward SPEC to choose by, e.g. --reward rm:runs/rm")
+        return None
+    from gptlab.align.best_of import load_best_of_reward
+
+    return load_best_of_reward(args.reward, where="`gptlab chat` (a conversation, no known answer)")
 
 
 def converse(session: Session, interactive: bool) -> int:

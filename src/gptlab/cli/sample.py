@@ -5,6 +5,13 @@ folder, a checkpoint, a Hugging Face folder. The tokenizer is `--tokenizer`,
 else the one saved with the model. Generation stops at the tokenizer's
 end-of-text id and never draws an id the tokenizer cannot decode. With --num-samples N the samples run one after the
 other, sample k seeded with seed + k, separated by a line of dashes.
+
+With --best-of N --reward SPEC each sample is the best of N candidates drawn together (sample k's
+candidate j seeded with seed + k·N + j, so N = 1 is plain sampling), scored by the reward
+(gptlab.align.best_of); the chosen text goes to stdout and a line to stderr gives its reward
+against the candidates' mean, min and max. With --task NAME the prompts are the first
+--num-samples questions of the task's test split, rendered for a chat model, and
+`--reward verifier` checks each candidate's answer.
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ SEPARATOR = "-" * 40
 def register(stages) -> None:
     parser = stages.add_parser("sample", help="generate text from a saved model")
     add_model_argument(parser)
-    parser.add_argument("--prompt", required=True, metavar="TEXT", help="text to continue; \"\" starts from the end-of-text token")
+    parser.add_argument("--prompt", metavar="TEXT", help="text to continue; \"\" starts from the end-of-text token")
+    parser.add_argument("--task", metavar="NAME", help="instead of --prompt: questions of a built-in task's test split "
+                        "(a chat model answers them), e.g. arithmetic or arithmetic[digits=2]")
     parser.add_argument("--tokenizer", "-t", metavar="DIR|NAME", help="tokenizer folder or gpt2 / cl100k_base (default: the model's own)")
     parser.add_argument(
         "--max-new-tokens", type=int, metavar="N",
@@ -36,44 +45,113 @@ def register(stages) -> None:
     parser.add_argument("--seed", type=int, help="seed for reproducible samples (default: random)")
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
     parser.add_argument("--num-samples", type=int, default=1, metavar="N", help="samples to draw (default 1)")
+    parser.add_argument("--best-of", type=int, default=1, metavar="N",
+                        help="draw N candidates per sample and print the one --reward scores highest (default 1)")
+    parser.add_argument("--reward", metavar="SPEC", help="what --best-of picks by: rm:DIR (a reward model), judge:URL, "
+                        "file.py:function, verifier (with --task), or weighted sums such as rm:runs/rm,my.py:brevity*0.1")
     parser.set_defaults(handler=run_sample)
 
 
 def run_sample(args: argparse.Namespace) -> int:
-    from gptlab.infer import SamplingConfig, stream
+    from gptlab.infer import SamplingConfig
 
     if args.num_samples < 1:
         raise GptlabError(f"--num-samples must be at least 1, got {args.num_samples}")
+    reward = load_reward(args)  # before the model: a bad spec costs no compute
     model, path = load_model(args.checkpoint, device=pick_device(args.device))
     tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
+    prompts, stop_tokens = task_prompts(args, tokenizer) if args.task else text_prompts(args, tokenizer)
+    engine = None
+    try:
+        for k, (shown, ids, example) in enumerate(prompts):
+            new = new_tokens(args, ids, model.config.block_size)
+            seed = None if args.seed is None else args.seed + k * args.best_of  # candidate j: seed + k·N + j
+            config = SamplingConfig(max_new_tokens=new, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                    stop_tokens=stop_tokens, seed=seed, vocab_size=tokenizer.vocab_size)
+            if k:
+                print(SEPARATOR)
+            write(shown)
+            if reward is None:
+                stream_sample(model, tokenizer, ids, config)
+                continue
+            from gptlab.align.best_of import best_of_reply
+            from gptlab.infer import Engine, EngineConfig
+            from gptlab.infer.best_of import describe
+
+            engine = engine or Engine(model, EngineConfig(slots=args.best_of))
+            prompt = example.question if example is not None else args.prompt
+            result, text = best_of_reply(engine, tokenizer, ids, config, args.best_of, reward, prompt, example)
+            write(text + "\n")
+            print(describe(result.summary()), file=sys.stderr, flush=True)
+    finally:
+        if engine is not None:
+            engine.close()
+    return 0
+
+
+def load_reward(args: argparse.Namespace):
+    """The --reward, loaded; None for plain sampling. --best-of above 1 needs one."""
+    from gptlab.infer.best_of import check_best_of
+
+    check_best_of(args.best_of, "--best-of")
+    if (args.prompt is None) == (args.task is None):
+        raise GptlabError("give --prompt TEXT (text to continue) or --task NAME (questions of a built-in task), one of them")
+    if args.reward is None:
+        if args.best_of > 1:
+            raise GptlabError(f"--best-of {args.best_of} needs --reward SPEC to choose by, e.g. --reward rm:runs/rm "
+                              "or --reward my_rewards.py:brevity")
+        return None
+    from gptlab.align.best_of import load_best_of_reward
+
+    return load_best_of_reward(args.reward, task=args.task, where="`gptlab sample --prompt`")
+
+
+def text_prompts(args: argparse.Namespace, tokenizer) -> tuple[list, tuple[int, ...]]:
+    """--prompt, once per sample: (shown text, ids, no example), and the end-of-text stop token."""
     eot = tokenizer.eot_id
     ids = tokenizer.encode(args.prompt, allowed_special="all")
     if not ids:
         if eot is None:
             raise GptlabError("the prompt is empty and the tokenizer has no end-of-text token to start from; give --prompt TEXT")
         ids = [eot]
-    block = model.config.block_size
+    return [(args.prompt, ids, None)] * args.num_samples, () if eot is None else (eot,)
+
+
+def task_prompts(args: argparse.Namespace, tokenizer) -> tuple[list, tuple[int, ...]]:
+    """The task's first --num-samples test questions as chat prompts: (question line, ids, example), and the chat stop tokens."""
+    from gptlab.align.best_of import task_questions
+    from gptlab.chat import ChatFormat
+
+    try:
+        chat = ChatFormat(tokenizer)
+    except GptlabError:
+        raise GptlabError(f"--task needs a chat model, and {args.checkpoint}'s tokenizer has no chat tokens; fine-tune it "
+                          "with `gptlab sft` first, or give --prompt TEXT") from None
+    _, examples = task_questions(args.task, args.num_samples)
+    prompts = [(example.question + "\n", chat.prompt([{"role": "user", "content": example.question}]), example) for example in examples]
+    return prompts, chat.stop_tokens
+
+
+def new_tokens(args: argparse.Namespace, ids: list[int], block: int) -> int:
+    """--max-new-tokens, or as many as fit (up to the default); one error when the prompt leaves no room."""
     room = block - len(ids)
     if room < 1:
         raise GptlabError(f"the prompt is {len(ids)} tokens, which fills the model's context ({block}); shorten it")
     new = args.max_new_tokens if args.max_new_tokens is not None else min(DEFAULT_NEW_TOKENS, room)
     if new > room:
         raise GptlabError(f"prompt of {len(ids)} tokens + --max-new-tokens {new} exceeds the model's context ({block}); use at most {room}")
-    for k in range(args.num_samples):
-        config = SamplingConfig(
-            max_new_tokens=new, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-            stop_tokens=() if eot is None else (eot,), seed=None if args.seed is None else args.seed + k,
-            vocab_size=tokenizer.vocab_size,
-        )
-        if k:
-            print(SEPARATOR)
-        write(args.prompt)
-        # Tokens can end inside a UTF-8 character: the incremental decoder holds such bytes back until complete.
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        for _, token in stream(model, [ids], config):
-            write(decoder.decode(tokenizer.decode_bytes([token])))
-        write(decoder.decode(b"", final=True) + "\n")
-    return 0
+    return new
+
+
+def stream_sample(model, tokenizer, ids: list[int], config) -> None:
+    """One sample written as its tokens arrive."""
+    from gptlab.infer import stream
+
+    # Tokens can end inside a UTF-8 character: the incremental decoder holds such bytes back until complete.
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for _, token in stream(model, [ids], config):
+        write(decoder.decode(tokenizer.decode_bytes([token])))
+    write(decoder.decode(b"", final=True) + "\n")
 
 
 def write(text: str) -> None:

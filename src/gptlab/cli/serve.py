@@ -4,7 +4,8 @@ Binds the loopback address unless --host says otherwise (then warns when there i
 no --api-key: anyone who can reach the port can use the model). The port is bound
 here before uvicorn starts, so a port in use is one error line. Ctrl-C stops the
 server cleanly. Each request is logged to stderr in one line (gptlab.serve.access)
-unless --no-access-log. The app itself is gptlab.serve.app.
+unless --no-access-log. With --reward SPEC requests may ask `best_of` candidates and get the best by that
+reward (gptlab.serve.best_of); --best-of N makes N the default. The app itself is gptlab.serve.app.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ def register(stages) -> None:
     parser.add_argument("--no-access-log", action="store_true",
                         help="do not print a line per request to stderr (client, method, path, status, seconds, tokens)")
     parser.add_argument("--tokenizer", "-t", metavar="DIR|NAME", help="tokenizer folder or name (default: the model's own)")
+    parser.add_argument("--best-of", type=int, default=1, metavar="N",
+                        help="answer every request with the best of N candidates by --reward (default 1; a request's "
+                        "best_of overrides it)")
+    parser.add_argument("--reward", metavar="SPEC", help="the reward best_of picks by: rm:DIR (a reward model), judge:URL, "
+                        "file.py:function, or weighted sums; chat requests are scored with their messages as the prompt")
     parser.set_defaults(handler=run_serve)
 
 
@@ -66,6 +72,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise GptlabError(f"--port must be in 0..65535, got {args.port}")
     check_api_key(args.api_key)  # before the model loads: an unset $KEY is refused at once
+    reward = load_reward(args)
     sock = bind(args.host, args.port)
     try:
         model, path = load_model(args.checkpoint, device=pick_device(args.device))
@@ -81,10 +88,12 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         app = build_app(engine, tokenizer, chat_format, args.name or args.checkpoint, api_key=args.api_key,
                         max_request_bytes=args.max_request_bytes, max_tokens_limit=args.max_tokens_limit,
-                        access_log=None if args.no_access_log else say)
+                        access_log=None if args.no_access_log else say, best_of=args.best_of, reward=reward)
         port = sock.getsockname()[1]
         shown = f"[{args.host}]" if ":" in args.host else args.host
         say(f"gptlab serve: {args.checkpoint} ({'chat' if chat_format else 'completions only'}, {args.slots} slots)")
+        if reward is not None:
+            say(f"  best of {args.best_of} by --reward {args.reward} (a request's best_of overrides it)")
         say(f"  web chat  http://{shown}:{port}/")
         say(f"  API       http://{shown}:{port}/v1   (OpenAI-compatible{', key required' if args.api_key else ''})")
         if args.host in LOOPBACK:
@@ -97,6 +106,20 @@ def run_serve(args: argparse.Namespace) -> int:
         engine.close()
         sock.close()
     return 0
+
+
+def load_reward(args: argparse.Namespace):
+    """The --reward best_of picks by (None: best_of is refused); --best-of above 1 needs one."""
+    from gptlab.infer.best_of import check_best_of
+
+    check_best_of(args.best_of, "--best-of")
+    if args.reward is None:
+        if args.best_of > 1:
+            raise GptlabError(f"--best-of {args.best_of} needs --reward SPEC to choose by, e.g. --reward rm:runs/rm")
+        return None
+    from gptlab.align.best_of import load_best_of_reward
+
+    return load_best_of_reward(args.reward, where="`gptlab serve` (requests carry no known answer)")
 
 
 def say(line: str) -> None:

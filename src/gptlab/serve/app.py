@@ -5,6 +5,8 @@
     GET  /v1/models             the one model served
     POST /v1/chat/completions   messages -> the assistant's reply (needs a tokenizer with the chat tokens)
     POST /v1/completions        prompt text (or texts, or token ids) -> its continuation
+                                (both take best_of: the n best of that many candidates by the server's reward,
+                                gptlab.serve.best_of)
 
 A request's `model` must be the id /v1/models lists (or absent): another name is 404 `model_not_found`, as
 OpenAI and vLLM answer it, so a client pointed at the wrong server or model hears so instead of being
@@ -40,6 +42,7 @@ from starlette.exceptions import HTTPException
 
 from gptlab.chat import ChatFormat
 from gptlab.infer import Engine, SamplingConfig
+from gptlab.infer.best_of import check_best_of
 from gptlab.runtime import GptlabError
 from gptlab.serve.access import AccessLog, usage_slot
 from gptlab.serve.generation import Generation, sse
@@ -78,10 +81,16 @@ def build_app(
     max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT,
     static_dir: Path = STATIC,
     access_log: Callable[[str], None] | None = None,
+    best_of: int = 1,
+    reward: Callable[[object, list[str]], list[float]] | None = None,
 ) -> FastAPI:
     """The FastAPI app serving `engine` (its model) with `tokenizer`; chat needs `chat_format`. `access_log`,
-    when given, receives one line per request (gptlab.serve.access)."""
+    when given, receives one line per request (gptlab.serve.access). `reward(prompt, texts)` scores candidates
+    for best-of-n, `best_of` is the default candidates per request (gptlab.serve.best_of)."""
     check_api_key(api_key)
+    check_best_of(best_of, "best_of")
+    if best_of > 1 and reward is None:
+        raise GptlabError(f"best_of={best_of} needs a reward to choose by (--reward SPEC)")
     app = FastAPI(title="gptlab", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
     if access_log is not None:
@@ -89,7 +98,7 @@ def build_app(
     add_error_handlers(app)
     created = int(time.time())
     block_size = engine.model.config.block_size
-    runner = Runner(engine, tokenizer, model_name, max_tokens_limit)
+    runner = Runner(engine, tokenizer, model_name, max_tokens_limit, best_of=best_of, reward=reward)
 
     def check_key(authorization: str | None = Header(default=None)) -> None:
         if api_key is None:
@@ -134,7 +143,7 @@ def build_app(
             prompt = chat.prompt(messages)
         except GptlabError as error:
             raise APIError(400, str(error), param="messages") from None
-        return await runner.respond(body, [prompt], chat.stop_tokens, chat=True, http=http)
+        return await runner.respond(body, [prompt], chat.stop_tokens, chat=True, http=http, reward_prompts=[messages])
 
     @app.post("/v1/completions", dependencies=[Depends(check_key)])
     async def completions(body: CompletionRequest, http: Request):
@@ -151,7 +160,8 @@ def build_app(
             if bad:
                 raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{tokenizer.vocab_size - 1})", param="prompt")
             prompts.append(ids)
-        return await runner.respond(body, prompts, () if eot is None else (eot,), chat=False, http=http)
+        texts = [prompt if isinstance(prompt, str) else tokenizer.decode(prompt) for prompt in body.prompts()]
+        return await runner.respond(body, prompts, () if eot is None else (eot,), chat=False, http=http, reward_prompts=texts)
 
     return app
 
@@ -171,8 +181,10 @@ def check_api_key(api_key: str | None) -> None:
 class Runner:
     """Turns a validated request into engine requests, and their tokens into OpenAI's response or chunks."""
 
-    def __init__(self, engine: Engine, tokenizer: Tokenizer, model_name: str, max_tokens_limit: int) -> None:
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, model_name: str, max_tokens_limit: int, *, best_of: int = 1,
+                 reward: Callable | None = None) -> None:
         self.engine, self.tokenizer, self.model_name, self.limit = engine, tokenizer, model_name, max_tokens_limit
+        self.best_of, self.reward = best_of, reward  # best-of-n: default candidates, and the reward that picks
 
     def configs(self, body: Sampling, prompt: list[int], stop_tokens: tuple[int, ...]) -> list[SamplingConfig]:
         block = self.engine.model.config.block_size
@@ -195,7 +207,14 @@ class Runner:
         ]
 
     async def respond(self, body: Sampling, prompts: list[list[int]], stop_tokens: tuple[int, ...], *, chat: bool,
-                      http: Request | None = None):
+                      http: Request | None = None, reward_prompts: list | None = None):
+        if body.best_of is not None or self.best_of > 1:
+            from gptlab.serve.best_of import candidates_wanted, respond_best_of  # it builds on this module
+
+            count = candidates_wanted(body, self.best_of, self.reward)
+            if count > 1:
+                return await respond_best_of(self, body, prompts, reward_prompts or [], stop_tokens, count, self.reward,
+                                             chat=chat, http=http)
         configs = [(prompt, config) for prompt in prompts for config in self.configs(body, prompt, stop_tokens)]
         loop = asyncio.get_running_loop()
         generations: list[Generation] = []

@@ -6,7 +6,7 @@
 Types are strict (a string is not a number, a number is not a bool). Fields OpenAI
 defines that gptlab does not implement (logprobs, penalties, tools, ...) are
 ignored when left at their neutral values and refused otherwise; unknown fields
-are ignored, as OpenAI's own server does. `top_k` and `ignore_eos` are extensions
+are ignored, as OpenAI's own server does. `top_k`, `ignore_eos` and chat's `best_of` are extensions
 (as in vLLM and llama.cpp). Not here: running requests (gptlab.serve.app).
 """
 
@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_CHOICES = 8  # n
+MAX_BEST_OF = 16  # best_of: candidates sampled per prompt, each holding an engine slot while it runs
 MAX_STOPS = 4  # stop strings per request, as OpenAI
 
 
@@ -57,6 +58,8 @@ class Sampling(Strict):
     stop: StopStrings = None
     seed: int | None = None  # choice i is seeded with seed + i
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
+    best_of: Annotated[int, Field(ge=1, le=MAX_BEST_OF)] | None = None  # candidates per prompt, the n best by the server's
+    # reward returned (OpenAI's legacy completions field; an extension for chat); None: the server's --best-of
     stream: bool = False
     stream_options: StreamOptions | None = None
     frequency_penalty: Annotated[float, Field(ge=0, le=0)] | None = None  # not implemented: only 0 accepted
