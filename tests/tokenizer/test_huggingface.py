@@ -154,13 +154,13 @@ def not_byte_level_bpe():
     prefix_space.train_from_iterator(["hello world"] * 10, vocab_size=280, show_progress=False)
     normalized = ByteLevelBPETokenizer()
     normalized.train_from_iterator(["hello world"] * 10, vocab_size=280, show_progress=False)
-    normalized.normalizer = normalizers.NFC()
+    normalized.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Lowercase()])  # Lowercase: not exact
     return {
         "WordPiece": (wordpiece, "its model is WordPiece"),
         "Unigram": (unigram, "its model is Unigram"),
-        "sentencepiece BPE": (sentencepiece, "normalizes text first"),
+        "sentencepiece BPE": (sentencepiece, "its decoder is Metaspace"),
         "prefix space": (prefix_space, "adds a prefix space"),
-        "NFC": (normalized, r"normalizes text first \(NFC\)"),
+        "NFC": (normalized, r"normalizes text first with NFC \+ Lowercase"),
     }
 
 

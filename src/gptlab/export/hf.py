@@ -4,7 +4,7 @@
 
 Two paths, chosen by gptlab.model.hf.native_architecture:
 
-    native   GPT2LMHeadModel, LlamaForCausalLM, Qwen3ForCausalLM: config.json + model.safetensors in
+    native   GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM: config.json + model.safetensors in
              their names and layouts (gptlab.model.hf), loaded by plain `AutoModelForCausalLM.from_pretrained`.
     custom   everything else (the default recipe's rotary, RMSNorm, QK-norm and ReLU² on gpt2, a softcap,
              sliding windows, ...): config.json (model_type "gptlab", ModelConfig's fields, an auto_map for
@@ -40,8 +40,8 @@ CUSTOM_ARCHITECTURE = "GptlabForCausalLM"
 # added to ModelConfig later is refused at a non-default value until modeling_gptlab.py learns it.
 COMPUTED_FIELDS = frozenset({
     "arch", "vocab_size", "pad_vocab_to", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "mlp_hidden", "bias",
-    "tie_embeddings", "norm_eps", "rope_theta", "qk_norm", "dropout", "position", "norm", "activation", "logit_softcap",
-    "zero_init", "attn_window", "window_pattern", "attention", "norm_impl",
+    "qkv_bias", "tie_embeddings", "norm_eps", "rope_theta", "qk_norm", "dropout", "position", "norm", "activation",
+    "logit_softcap", "zero_init", "attn_window", "window_pattern", "attention", "norm_impl",
 })
 
 

@@ -43,7 +43,7 @@ def param_counts(config: ModelConfig) -> dict[str, int]:
     """Parameters by formula: total (tied weights once), embeddings (wte with its padded rows, wpe), non-embedding.
 
     Per block: two norms (LayerNorm d weights + d biases where `config.bias`, RMSNorm d), c_attn d(a + 2k)h_d,
-    c_proj d^2, c_fc dF (2dF for SwiGLU: gate and up), c_proj Fd, with biases where `config.bias`;
+    c_proj d^2, c_fc dF (2dF for SwiGLU: gate and up), c_proj Fd, with biases where `config.bias` (c_attn's also where `qkv_bias`);
     QK-norm adds 2 h_d. Rotary positions have no table, learned ones wpe. Non-embedding = total - wte - wpe - (lm_head if untied),
     the same split as `GPT.num_params(embeddings=False)`. Example: gpt2 -> 124,475,904 total,
     85,056,000 non-embedding.
@@ -52,7 +52,8 @@ def param_counts(config: ModelConfig) -> dict[str, int]:
     bias = 1 if config.bias else 0
     norm = d + (d if config.norm_kind == "layer" and config.bias else 0)  # LayerNorm weight (+ bias); RMSNorm weight only
     qkv_out = (config.n_head + 2 * config.kv_heads) * config.head_dim
-    attention = d * qkv_out + bias * qkv_out + d * d + bias * d
+    qkv_bias = 1 if config.bias or config.qkv_bias else 0  # Qwen2: biases on q, k, v alone
+    attention = d * qkv_out + qkv_bias * qkv_out + d * d + bias * d
     if config.qk_norm:
         attention += 2 * config.head_dim
     fc_out = 2 * F if config.gated else F  # SwiGLU: gate and up fused; gelu and relu2 are not gated

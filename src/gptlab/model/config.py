@@ -4,7 +4,8 @@ One dataclass covers both families:
 
 - GPT-2: learned positions, LayerNorm with bias, GELU (tanh), fused qkv, tied embeddings.
 - Llama-style ("modern"): RMSNorm, rotary embeddings, SwiGLU, no biases, grouped-query
-  attention (`n_kv_head`), optional QK-norm, untied embeddings.
+  attention (`n_kv_head`), optional QK-norm, untied embeddings. Qwen2 is this with biases on
+  the query, key and value projections only (`qkv_bias`).
 
 `arch` picks the family's defaults; the switches below override one part each, so every
 choice can be measured alone: `position`, `norm` and `activation` ("" = the arch's own),
@@ -47,6 +48,7 @@ class ModelConfig:
     n_embd: int = 768  # width of the residual stream
     mlp_hidden: int | None = None  # None: 4 * n_embd (gpt2), or 8/3 * n_embd rounded up to 64 (llama SwiGLU)
     bias: bool = True  # biases in linear layers and LayerNorm (GPT-2: yes; llama: no)
+    qkv_bias: bool = False  # biases on the fused q, k, v projection alone, even with bias False (Qwen2)
     tie_embeddings: bool = True  # the output layer shares the token embedding table
     norm_eps: float = 1e-5  # epsilon of LayerNorm / RMSNorm
     rope_theta: float = 10000.0  # llama: rotary base

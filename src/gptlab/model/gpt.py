@@ -105,7 +105,7 @@ class CausalSelfAttention(nn.Module):
         self.config = config
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
         qkv_out = (self.n_head + 2 * self.n_kv_head) * self.head_dim
-        self.c_attn = nn.Linear(config.n_embd, qkv_out, bias=config.bias)  # fused q, k, v
+        self.c_attn = nn.Linear(config.n_embd, qkv_out, bias=config.bias or config.qkv_bias)  # fused q, k, v (Qwen2: biased)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.c_proj.residual = True  # init scaled by 1/sqrt(2 n_layer)
         if config.qk_norm:

@@ -1,4 +1,4 @@
-"""Hugging Face interop: load GPT-2, Llama and gptlab-format checkpoints into `GPT`, and write `GPT` in the
+"""Hugging Face interop: load GPT-2, Llama, Qwen2, Qwen3 and gptlab-format checkpoints into `GPT`, and write `GPT` in the
 formats of transformers' own classes.
 
 A Hugging Face directory is `config.json` plus weights: `model.safetensors`,
@@ -10,9 +10,10 @@ sharded behind a `*.index.json`. Two families map onto our one model:
       [transformer.]h.N.attn.c_attn  (in, out)      transformer.h.N.attn.c_attn  (out, in): Conv1D is transposed
       h.N.attn.c_proj, h.N.mlp.c_fc, h.N.mlp.c_proj  likewise transposed
       h.N.attn.bias, h.N.attn.masked_bias           causal-mask buffers, skipped
-    LlamaForCausalLM (Qwen3ForCausalLM: + qk_norm) GPT (arch="llama")
+    LlamaForCausalLM (Qwen2ForCausalLM: + qkv_bias,  GPT (arch="llama")
+      Qwen3ForCausalLM: + qk_norm)
       model.embed_tokens / model.norm / lm_head     transformer.wte / ln_f / lm_head
-      model.layers.N.self_attn.{q,k,v}_proj         transformer.h.N.attn.c_attn rows [q | k | v]
+      model.layers.N.self_attn.{q,k,v}_proj         transformer.h.N.attn.c_attn rows [q | k | v] (weight, bias)
       model.layers.N.self_attn.o_proj               transformer.h.N.attn.c_proj
       model.layers.N.self_attn.{q,k}_norm           transformer.h.N.attn.{q,k}_norm
       model.layers.N.mlp.{gate,up}_proj             transformer.h.N.mlp.c_fc rows [gate | up]
@@ -22,7 +23,7 @@ sharded behind a `*.index.json`. Two families map onto our one model:
                                                           holding ModelConfig's fields
 
 Of the model switches, GPT-2 also takes activation relu2 (transformers' "relu2")
-and untied embeddings; QK-norm goes to Qwen3. Any other switch away from the
+and untied embeddings; biases on q, k, v alone (qkv_bias) go to Qwen2, QK-norm to Qwen3. Any other switch away from the
 family (rotary or RMSNorm on gpt2, learned positions on llama, a softcap, a
 sliding window, ...) has no class in transformers: `export_hf` here refuses it
 before writing anything, and gptlab.export writes it as the "gptlab" format with
@@ -79,7 +80,8 @@ LLAMA_FUSED = {  # our fused rows, in order
     "mlp.c_fc": ("mlp.gate_proj", "mlp.up_proj"),
 }
 GPTLAB_MODEL_TYPE = "gptlab"  # config.json's model_type for our own modeling code (gptlab.export)
-HF_MODEL_TYPES = ("gpt2", "llama", "qwen3", GPTLAB_MODEL_TYPE)
+LLAMA_MODEL_TYPES = ("llama", "qwen2", "qwen3")  # read by llama_config_from_hf
+HF_MODEL_TYPES = ("gpt2", *LLAMA_MODEL_TYPES, GPTLAB_MODEL_TYPE)
 
 Tensors = dict[str, torch.Tensor]
 
@@ -167,29 +169,32 @@ def gpt2_config_from_hf(hf: dict) -> ModelConfig:
 
 
 def llama_config_from_hf(hf: dict) -> ModelConfig:
-    """ModelConfig for a LlamaForCausalLM (or Qwen3ForCausalLM: QK-norm) config.json."""
+    """ModelConfig for a LlamaForCausalLM config.json, or Qwen2ForCausalLM (biases on q, k, v alone: qkv_bias)
+    or Qwen3ForCausalLM (QK-norm)."""
     model_type = hf.get("model_type", "llama")
     heads, hidden = hf.get("num_attention_heads", 32), hf.get("hidden_size", 4096)
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    _check_model_type(model_type, ("llama", "qwen3"))
+    _check_model_type(model_type, LLAMA_MODEL_TYPES)
     checks = {
         "hidden_act": (hf.get("hidden_act", "silu"), ("silu",)),
         "head_dim (ours is hidden_size / num_attention_heads)": (hf.get("head_dim") or hidden // heads, (hidden // heads,)),
         "rope_type": (rope.get("rope_type", rope.get("type", "default")), ("default",)),
-        # one bias switch covers attention and MLP
-        "mlp_bias (must equal attention_bias)": (hf.get("mlp_bias", False), (hf.get("attention_bias", False),)),
     }
-    if model_type == "qwen3":
+    if model_type == "llama":  # one bias switch covers attention and MLP (Qwen2 reads neither key: its biases are fixed)
+        checks["mlp_bias (must equal attention_bias)"] = (hf.get("mlp_bias", False), (hf.get("attention_bias", False),))
+    else:  # Qwen2 and Qwen3 slide a window over layers from max_window_layers on: ours would attend to everything
         checks["use_sliding_window"] = (hf.get("use_sliding_window", False), (False,))
+        checks["layer_types"] = (sorted(set(hf.get("layer_types") or ["full_attention"])), (["full_attention"],))
+    if model_type == "qwen3":
         checks["attention_bias (Qwen3's MLP has none)"] = (hf.get("attention_bias", False), (False,))
     _require(checks, model_type)
     kv_heads = hf.get("num_key_value_heads") or heads
     config = ModelConfig(
         arch="llama", vocab_size=hf.get("vocab_size", 32000), block_size=hf.get("max_position_embeddings", 2048),
         n_layer=hf.get("num_hidden_layers", 32), n_head=heads, n_kv_head=None if kv_heads == heads else kv_heads,
-        n_embd=hidden, bias=hf.get("attention_bias", False), tie_embeddings=hf.get("tie_word_embeddings", False),
-        norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-        qk_norm=model_type == "qwen3",
+        n_embd=hidden, bias=model_type == "llama" and hf.get("attention_bias", False), qkv_bias=model_type == "qwen2",
+        tie_embeddings=hf.get("tie_word_embeddings", False), norm_eps=hf.get("rms_norm_eps", 1e-6),
+        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))), qk_norm=model_type == "qwen3",
     )
     intermediate = hf.get("intermediate_size", 11008)
     return config if intermediate == config.hidden_dim else replace(config, mlp_hidden=intermediate)
@@ -201,7 +206,7 @@ def check_exportable(config: ModelConfig) -> None:
         target = "GPT2LMHeadModel"
         supported = {"position": ("learned",), "norm": ("layer",), "activation": ("gelu", RELU2)}
     else:
-        target = "LlamaForCausalLM or Qwen3ForCausalLM"
+        target = "LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM"
         supported = {"position": ("rotary",), "norm": ("rms",), "activation": ("swiglu",)}
     bad = [f"{name}={getattr(config, f'{name}_kind')!r}" for name, allowed in supported.items()
            if getattr(config, f"{name}_kind") not in allowed]
@@ -228,9 +233,11 @@ def native_architecture(config: ModelConfig) -> str | None:
         return None
     if config.arch == "gpt2":
         return "GPT2LMHeadModel"
-    if config.qk_norm:
-        return None if config.bias else "Qwen3ForCausalLM"  # Qwen3's MLP has no biases
-    return "LlamaForCausalLM"
+    if config.qk_norm:  # Qwen3's MLP has no biases, and its attention biases are on the output projection too
+        return None if config.bias or config.qkv_bias else "Qwen3ForCausalLM"
+    if config.qkv_bias and not config.bias:
+        return "Qwen2ForCausalLM"
+    return "LlamaForCausalLM"  # qkv_bias with bias: every projection is biased, as attention_bias + mlp_bias
 
 
 def gptlab_config_from_hf(hf: dict) -> ModelConfig:
@@ -255,13 +262,16 @@ def gpt2_config_to_hf(config: ModelConfig) -> dict:
 
 
 def llama_config_to_hf(config: ModelConfig) -> dict:
-    """LlamaForCausalLM, or Qwen3ForCausalLM for QK-norm (RMSNorm per head before RoPE, as ours)."""
-    if config.qk_norm and config.bias:
-        raise GptlabError("cannot export a llama model with qk_norm=True and bias=True: Qwen3 (the Hugging Face "
-                          "class with QK-norm) has no MLP biases and LlamaForCausalLM has no QK-norm")
+    """LlamaForCausalLM; Qwen2ForCausalLM for qkv_bias (biases on q, k, v alone); Qwen3ForCausalLM for QK-norm
+    (RMSNorm per head before RoPE, as ours)."""
+    if config.qk_norm and (config.bias or config.qkv_bias):
+        raise GptlabError(f"cannot export a llama model with qk_norm=True and bias={config.bias}, qkv_bias={config.qkv_bias}: "
+                          f"Qwen3 (the Hugging Face class with QK-norm) has no MLP biases and biases its output projection "
+                          f"with its q, k, v, and LlamaForCausalLM has no QK-norm")
+    architecture = native_architecture(config) or "LlamaForCausalLM"
+    model_type = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}.get(architecture, "llama")
     hf = {
-        "architectures": ["Qwen3ForCausalLM" if config.qk_norm else "LlamaForCausalLM"],
-        "model_type": "qwen3" if config.qk_norm else "llama", "vocab_size": config.vocab_size,
+        "architectures": [architecture], "model_type": model_type, "vocab_size": config.vocab_size,
         "hidden_size": config.n_embd, "intermediate_size": config.hidden_dim, "num_hidden_layers": config.n_layer,
         "num_attention_heads": config.n_head, "num_key_value_heads": config.kv_heads, "head_dim": config.head_dim,
         "hidden_act": "silu", "max_position_embeddings": config.block_size, "rms_norm_eps": config.norm_eps,
@@ -270,7 +280,7 @@ def llama_config_to_hf(config: ModelConfig) -> dict:
         "attention_bias": config.bias, "mlp_bias": config.bias, "attention_dropout": 0.0,
         "tie_word_embeddings": config.tie_embeddings,
     }
-    if config.qk_norm:
+    if model_type != "llama":  # Qwen2 and Qwen3 would slide a window over layers from max_window_layers on
         hf.update(use_sliding_window=False, sliding_window=None, max_window_layers=config.n_layer,
                   layer_types=["full_attention"] * config.n_layer)
     return hf
@@ -421,7 +431,7 @@ def load_hf_gpt2(path: str | os.PathLike, *, device: str | torch.device = "cpu")
 
 
 def load_hf_llama(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> GPT:
-    """A LlamaForCausalLM (or Qwen3ForCausalLM) directory as a GPT; the inverse of `export_hf` for llama."""
+    """A LlamaForCausalLM (or Qwen2ForCausalLM, Qwen3ForCausalLM) directory as a GPT; the inverse of `export_hf` for llama."""
     config = llama_config_from_hf(read_hf_config(path))
     hf = {name: tensor for name, tensor in read_hf_weights(path).items() if not name.endswith("rotary_emb.inv_freq")}
     if config.tie_embeddings:
@@ -438,7 +448,8 @@ def load_hf_gptlab(path: str | os.PathLike, *, device: str | torch.device = "cpu
 def export_hf(model: GPT, directory: str | os.PathLike, *, eos_token_id: int | None = None) -> Path:
     """Write `directory` (config.json + model.safetensors) so `transformers.AutoModelForCausalLM` loads it.
 
-    gpt2 -> GPT2LMHeadModel; llama -> LlamaForCausalLM, or Qwen3ForCausalLM with qk_norm. Only models a
+    gpt2 -> GPT2LMHeadModel; llama -> LlamaForCausalLM, Qwen2ForCausalLM with qkv_bias (and bias False), or
+    Qwen3ForCausalLM with qk_norm. Only models a
     transformers class computes (`native_architecture`); gptlab.export.export_hf writes any model.
     `eos_token_id` (also written as bos, GPT-2's convention) is the tokenizer's business, so it is
     left unset unless given. Weights first, config last: a directory with a config is complete.
@@ -461,7 +472,7 @@ def export_hf(model: GPT, directory: str | os.PathLike, *, eos_token_id: int | N
 
 
 def read_pretrained_config(directory: str | os.PathLike) -> ModelConfig:
-    """The ModelConfig of a model folder (gptlab's own, or Hugging Face gpt2 / llama / qwen3 / gptlab), without the weights."""
+    """The ModelConfig of a model folder (gptlab's own, or Hugging Face gpt2 / llama / qwen2 / qwen3 / gptlab), without the weights."""
     from gptlab.model.io import config_from_dict
 
     data = read_hf_config(directory)
@@ -470,7 +481,7 @@ def read_pretrained_config(directory: str | os.PathLike) -> ModelConfig:
     model_type = data.get("model_type")
     if model_type == "gpt2":
         return gpt2_config_from_hf(data)
-    if model_type in ("llama", "qwen3"):
+    if model_type in LLAMA_MODEL_TYPES:
         return llama_config_from_hf(data)
     if model_type == GPTLAB_MODEL_TYPE:
         return gptlab_config_from_hf(data)
@@ -478,14 +489,14 @@ def read_pretrained_config(directory: str | os.PathLike) -> ModelConfig:
 
 
 def load_pretrained_directory(directory: str | os.PathLike, *, device: str | torch.device = "cpu") -> GPT:
-    """Any model directory we read: gptlab's own (config has "arch"), or Hugging Face gpt2 / llama / qwen3 / gptlab."""
+    """Any model directory we read: gptlab's own (config has "arch"), or Hugging Face gpt2 / llama / qwen2 / qwen3 / gptlab."""
     data = read_hf_config(directory)
     if "arch" in data and "model_type" not in data:
         return load_model(directory, device=device)
     model_type = data.get("model_type")
     if model_type == "gpt2":
         return load_hf_gpt2(directory, device=device)
-    if model_type in ("llama", "qwen3"):
+    if model_type in LLAMA_MODEL_TYPES:
         return load_hf_llama(directory, device=device)
     if model_type == GPTLAB_MODEL_TYPE:
         return load_hf_gptlab(directory, device=device)

@@ -9,7 +9,9 @@ tiktoken do:
     pieces of "hello world": ["hello", " world"]
     b"hello": [h, e, l, l, o] -> [he, l, l, o] -> [he, ll, o] -> [hell, o] -> [hello]
 
-Pieces repeat a lot in real text, so encoded pieces are cached.
+Pieces repeat a lot in real text, so encoded pieces are cached. A tokenizer imported from Hugging Face
+may declare a Unicode normal form (`normalizer`, e.g. "NFC"): the text between special tokens is then
+normalised before it is split, as `tokenizers` does (gptlab.tokenizer.normalize); decoding is unchanged.
 
 This file is the readable reference. When the compiled core is built
 (gptlab.tokenizer.native), the same calls run in C and give the same ids:
@@ -29,6 +31,7 @@ from pathlib import Path
 
 from gptlab.runtime import GptlabError
 from gptlab.tokenizer import formats, huggingface, native, parallel
+from gptlab.tokenizer.normalize import check_form, normalize, normalizing_take
 from gptlab.tokenizer.patterns import SplitRegex, compile_pattern, pattern_name, resolve_pattern, split_stable
 from gptlab.tokenizer.specials import AllowedSpecial, SpecialMatcher, raise_disallowed, resolve_special_sets
 from gptlab.tokenizer.stream import stream_parts
@@ -46,13 +49,17 @@ class Tokenizer:
         merges: Sequence[tuple[bytes, bytes]],
         special_tokens: Mapping[str, int] | Sequence[str] = (),
         pattern: str | None = "gpt4",
+        *,
+        normalizer: str | None = None,
     ) -> None:
         """`vocab` gives ids; `merges` are byte pairs in rank order; special tokens are text.
 
         Special tokens given as a list take their ids from `vocab` when it holds
-        their bytes, else the next free ids.
+        their bytes, else the next free ids. `normalizer` (NFC, NFKC, NFD, NFKD or
+        None) is applied to the text between special tokens before splitting.
         """
         self.pattern = resolve_pattern(pattern)
+        self.normalizer = check_form(normalizer)
         self.vocab: dict[int, bytes] = {int(i): bytes(token) for i, token in vocab.items()}
         self.special_tokens = self._place_special_tokens(special_tokens)
         self.merges: list[tuple[bytes, bytes]] = [(bytes(a), bytes(b)) for a, b in merges]
@@ -136,7 +143,9 @@ class Tokenizer:
     def fingerprint(self) -> str:
         """A short hash of everything that decides the ids, to tie data shards to their tokenizer."""
         digest = hashlib.sha256()
-        digest.update(json.dumps([self.pattern, sorted(self.special_tokens.items())]).encode())
+        settings = [self.pattern, sorted(self.special_tokens.items())]
+        # a normaliser changes the ids; without one the hash stays what it was before normalisers existed
+        digest.update(json.dumps(settings + [self.normalizer] if self.normalizer else settings).encode())
         for i in sorted(self.vocab):
             digest.update(i.to_bytes(4, "little") + len(self.vocab[i]).to_bytes(4, "little") + self.vocab[i])
         for left, right in self.merges:
@@ -146,7 +155,8 @@ class Tokenizer:
     def __repr__(self) -> str:
         return (
             f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}, "
-            f"special_tokens={len(self.special_tokens)}, pattern={pattern_name(self.pattern)!r})"
+            f"special_tokens={len(self.special_tokens)}, pattern={pattern_name(self.pattern)!r}"
+            + (f", normalizer={self.normalizer!r})" if self.normalizer else ")")
         )
 
     # ------------------------------------------------------------ encoding
@@ -191,7 +201,7 @@ class Tokenizer:
 
     def encode_ordinary(self, text: str) -> list[int]:
         """Encode text, treating special tokens as plain text."""
-        return self._encode_text(text)[0]
+        return self._encode_text(normalize(text, self.normalizer))[0]
 
     def encode_ordinary_packed(self, texts: Sequence[str]) -> tuple[array, list[int]]:
         """Encode many texts as ordinary text into one array('I') of ids back to back, and each text's count.
@@ -200,7 +210,7 @@ class Tokenizer:
         """
         fast = self._fast()
         if fast is not None and self._scanner is not None:
-            ids, counts = fast.encode_packed(list(texts))
+            ids, counts = fast.encode_packed([normalize(text, self.normalizer) for text in texts])
             return array("I", ids), counts
         packed, counts = array("I"), []
         for text in texts:
@@ -228,8 +238,8 @@ class Tokenizer:
         for part, special in SpecialMatcher(allowed).split(text):
             if special:
                 out.append(self.special_tokens[part])
-            else:
-                out.extend(self._encode_text(part)[0])
+            else:  # normalised apart from the special tokens, as `tokenizers` does
+                out.extend(self._encode_text(normalize(part, self.normalizer))[0])
         return out
 
     def encode_iterable(
@@ -245,7 +255,8 @@ class Tokenizer:
         """
         allowed, disallowed = resolve_special_sets(self.special_tokens, allowed_special, disallowed_special)
         matcher = SpecialMatcher(allowed | disallowed)
-        for part, special in stream_parts(texts, matcher, self._encode_text):
+        take = self._encode_text if self.normalizer is None else normalizing_take(self._encode_text, self.normalizer)
+        for part, special in stream_parts(texts, matcher, take):
             if not special:
                 yield from part
             elif part in disallowed:
@@ -284,7 +295,7 @@ class Tokenizer:
                 found = matcher.search(text)
                 if found is not None:
                     raise_disallowed(found)
-        return fast.encode_many(texts if isinstance(texts, list) else list(texts))
+        return fast.encode_many([normalize(text, self.normalizer) for text in texts])
 
     # ------------------------------------------------------------ decoding
 
@@ -350,7 +361,7 @@ class Tokenizer:
     def from_parts(cls, parts: formats.TokenizerParts) -> Tokenizer:
         """Build from what a file reader returns (vocab, merges, special tokens, pattern regex)."""
         pattern = None if parts.pattern is None else SplitRegex(parts.pattern)  # files store regex text, never names
-        return cls(parts.vocab, parts.merges, parts.special_tokens, pattern)
+        return cls(parts.vocab, parts.merges, parts.special_tokens, pattern, normalizer=parts.normalizer)
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> Tokenizer:

@@ -11,6 +11,11 @@ A token is written as its text when its bytes are UTF-8, with a backslash
 doubled and any byte that is not valid UTF-8 written as \\xNN. Loading only
 parses JSON and checks it; it never executes anything.
 
+Version 2 adds `"normalizer": "NFC"` (or NFKC, NFD, NFKD: the Unicode form applied before splitting,
+from a Hugging Face tokenizer that declares one). A tokenizer without a normaliser is still written as
+version 1, so files an older gptlab reads stay readable there; one with a normaliser is version 2, which
+an older gptlab refuses rather than encoding without it. This gptlab reads both.
+
 Readers return TokenizerParts; building the Tokenizer is core's job (this module never imports it).
 Not here: encoding (gptlab.tokenizer.core), Hugging Face folders (gptlab.tokenizer.huggingface).
 """
@@ -26,9 +31,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 from gptlab.runtime import GptlabError, atomic_write_text, read_json
+from gptlab.tokenizer.normalize import FORMS
 
 FORMAT_NAME = "gptlab-bpe"
 FORMAT_VERSION = 1
+NORMALIZER_VERSION = 2  # the version of a file holding a normaliser
 FILE_NAME = "tokenizer.json"
 
 
@@ -39,6 +46,7 @@ class TokenizerParts(NamedTuple):
     merges: list[tuple[bytes, bytes]]
     special_tokens: dict[str, int]
     pattern: str | None
+    normalizer: str | None = None  # Unicode form applied before splitting (gptlab.tokenizer.normalize)
 
 
 # ------------------------------------------------------------ token <-> readable text
@@ -68,8 +76,9 @@ def tokenizer_file_text(tokenizer) -> str:
     lines = [
         "{",
         f'"format": {json.dumps(FORMAT_NAME)},',
-        f'"version": {FORMAT_VERSION},',
+        f'"version": {NORMALIZER_VERSION if tokenizer.normalizer else FORMAT_VERSION},',
         f'"pattern": {json.dumps(tokenizer.pattern)},',
+        *([f'"normalizer": {json.dumps(tokenizer.normalizer)},'] if tokenizer.normalizer else []),
         f'"special_tokens": {json.dumps(tokenizer.special_tokens, ensure_ascii=False)},',
         '"vocab": [',
         ",\n".join(
@@ -110,7 +119,11 @@ def parse_tokenizer_json(data, path: Path) -> TokenizerParts:
     if isinstance(data, dict) and isinstance(data.get("model"), dict):
         raise GptlabError(f"{path} is a Hugging Face tokenizer.json, not gptlab's format; load it with Tokenizer.from_huggingface")
     _require(isinstance(data, dict) and data.get("format") == FORMAT_NAME, path, f"format is not {FORMAT_NAME!r}")
-    _require(data.get("version") == FORMAT_VERSION, path, f"version {data.get('version')!r}, this gptlab reads {FORMAT_VERSION}")
+    version = data.get("version")
+    _require(version in (FORMAT_VERSION, NORMALIZER_VERSION), path,
+             f"version {version!r}, this gptlab reads {FORMAT_VERSION} and {NORMALIZER_VERSION}")
+    normalizer = data.get("normalizer") if version == NORMALIZER_VERSION else None
+    _require(normalizer in (None, *FORMS), path, f"normalizer {normalizer!r} is not one of {', '.join(FORMS)} (or null)")
     vocab, merges, specials = data.get("vocab"), data.get("merges"), data.get("special_tokens")
     _require(isinstance(vocab, list) and all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], int) and isinstance(e[1], str) for e in vocab), path, "vocab must be a list of [id, token]")
     _require(isinstance(merges, list) and all(isinstance(e, list) and len(e) == 2 and all(isinstance(t, str) for t in e) for e in merges), path, "merges must be a list of [token, token]")
@@ -122,7 +135,7 @@ def parse_tokenizer_json(data, path: Path) -> TokenizerParts:
     except ValueError as error:
         raise GptlabError(f"{path} has a badly escaped token: {error}") from None
     _require(len(token_vocab) == len(vocab), path, "an id appears twice in vocab")
-    return TokenizerParts(token_vocab, token_merges, specials, data["pattern"])
+    return TokenizerParts(token_vocab, token_merges, specials, data["pattern"], normalizer)
 
 
 # ------------------------------------------------------------ GPT-2 files

@@ -6,8 +6,12 @@ reads: that file, `tokenizer_config.json` and `special_tokens_map.json`.
 
 Reading: `read_huggingface` takes a folder holding a Hugging Face `tokenizer.json`, or GPT-2's
 `vocab.json` + `merges.txt`, or such a `tokenizer.json` itself, and returns TokenizerParts.
-Only byte-level BPE is read (GPT-2, GPT-4, Llama 3 style): WordPiece, Unigram, sentencepiece-style
-BPE, normalizers and prefix spaces would give other ids, so they are refused in one line.
+Only byte-level BPE is read (GPT-2, GPT-4, Llama 3, Qwen2 style): WordPiece, Unigram, sentencepiece-style
+BPE, normalizers other than the Unicode forms and prefix spaces would give other ids, so they are refused
+in one line. A Unicode normaliser (NFC, NFKC, NFD, NFKD, alone or in a Sequence of them) is kept as the
+Tokenizer's `normalizer` and applied as `tokenizers` applies it (gptlab.tokenizer.normalize); writing
+puts it back. Special tokens are matched in the text before normalising, as `tokenizers` does for added
+tokens with "normalized": false.
 Post-processors (e.g. Llama 3's BOS) are not tokenization and are left out.
 
 gptlab's own file is also named `tokenizer.json` (format "gptlab-bpe"); the two are told apart by
@@ -31,6 +35,7 @@ from gptlab.tokenizer.formats import (
     read_gpt2_files,
     unicode_to_byte,
 )
+from gptlab.tokenizer.normalize import form_from_huggingface
 from gptlab.tokenizer.patterns import GPT2_PATTERN, from_oniguruma_form, oniguruma_form
 
 CONFIG_NAME = "tokenizer_config.json"
@@ -68,7 +73,7 @@ def huggingface_json(tokenizer) -> dict:
             {"id": i, "content": text, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
             for text, i in sorted(tokenizer.special_tokens.items(), key=lambda item: item[1])
         ],
-        "normalizer": None,
+        "normalizer": {"type": tokenizer.normalizer} if tokenizer.normalizer else None,
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": pre_tokenizers},
         "post_processor": None,
         "decoder": dict(BYTE_LEVEL),
@@ -196,8 +201,7 @@ def parse_huggingface_json(data, path: Path) -> TokenizerParts:
     model = data["model"]
     if model.get("type") != "BPE":
         raise _refuse(path, f"its model is {model.get('type')}")
-    if data.get("normalizer") is not None:
-        raise _refuse(path, f"it normalizes text first ({data['normalizer'].get('type')})")
+    normalizer = form_from_huggingface(data.get("normalizer"), lambda reason: _refuse(path, reason))
     for key in ("continuing_subword_prefix", "end_of_word_suffix"):
         if model.get(key):
             raise _refuse(path, f"{key} is {model[key]!r}")
@@ -213,7 +217,7 @@ def parse_huggingface_json(data, path: Path) -> TokenizerParts:
             raise GptlabError(f"{path}: added_tokens entries need a content string and an id")
         special_tokens[added["content"]] = added["id"]
     vocab, merges = _vocab_and_merges(model, set(special_tokens.values()), path)
-    return TokenizerParts(vocab, merges, special_tokens, pattern)
+    return TokenizerParts(vocab, merges, special_tokens, pattern, normalizer)
 
 
 def _pattern_of(pre_tokenizer, path: Path) -> str | None:

@@ -29,7 +29,7 @@ class GptlabConfig(PretrainedConfig):
                      "max_position_embeddings": "block_size"}
 
     def __init__(self, arch="gpt2", vocab_size=50257, pad_vocab_to=64, block_size=1024, n_layer=12, n_head=12, n_kv_head=None,
-                 n_embd=768, mlp_hidden=None, bias=True, tie_embeddings=True, norm_eps=1e-5, rope_theta=10000.0, qk_norm=False,
+                 n_embd=768, mlp_hidden=None, bias=True, qkv_bias=False, tie_embeddings=True, norm_eps=1e-5, rope_theta=10000.0, qk_norm=False,
                  dropout=0.0, position="", norm="", activation="", logit_softcap=0.0, zero_init=False, attn_window=0,
                  window_pattern="L", attention="sdpa", norm_impl="torch", **kwargs):
         if arch not in ARCH_DEFAULTS:
@@ -37,7 +37,7 @@ class GptlabConfig(PretrainedConfig):
         self.arch, self.vocab_size, self.pad_vocab_to, self.block_size = arch, vocab_size, pad_vocab_to, block_size
         self.n_layer, self.n_head, self.n_kv_head, self.n_embd = n_layer, n_head, n_kv_head, n_embd
         self.mlp_hidden, self.bias, self.tie_embeddings, self.norm_eps = mlp_hidden, bias, tie_embeddings, norm_eps
-        self.rope_theta, self.qk_norm, self.dropout = rope_theta, qk_norm, dropout
+        self.rope_theta, self.qk_norm, self.dropout, self.qkv_bias = rope_theta, qk_norm, dropout, qkv_bias
         self.position, self.norm, self.activation = position, norm, activation
         self.logit_softcap, self.zero_init, self.attn_window, self.window_pattern = logit_softcap, zero_init, attn_window, window_pattern
         self.attention, self.norm_impl = attention, norm_impl  # how gptlab computed it, kept for the way back; here always SDPA

@@ -78,7 +78,8 @@ class GptlabAttention(nn.Module):
         super().__init__()
         self.config, self.layer = config, layer
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
-        self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_dim, bias=config.bias)
+        qkv_bias = config.bias or config.qkv_bias  # Qwen2: biases on q, k, v alone
+        self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_dim, bias=qkv_bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.c_proj.residual = True  # initialised / sqrt(2 n_layer)
         if config.qk_norm:
