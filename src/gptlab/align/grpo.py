@@ -15,7 +15,12 @@ or NaN is refused before any compute. A new run that fails before its first step
 the corrected command starts afresh; --parallel.fsdp is refused (each rank's rollout differs in length).
 
 A group whose samples all get the same reward has advantage 0 and teaches
-nothing: the fraction of such groups is logged, with a warning as it nears 1.
+nothing: the fraction of such groups is logged, with a warning as it nears 1, and
+the closing lines say so when that held for the whole run. Before the first step
+the start's pass rate on the train prompts is measured, and prompt_filter="learnable"
+keeps the prompts it sometimes gets right (gptlab.align.learnable); a start with too
+few of those is refused before any training, leaving no run folder. The policy's
+per-token entropy over the completion tokens is logged as `entropy`.
 Held-out accuracy (greedy), pass@1 and pass@k (k samples each) on the task's
 test split are measured before, during (task_every) and after training (gptlab.align.grpo_heldout).
 
@@ -55,7 +60,8 @@ from gptlab.align.grpo_loss import (
     token_weights,
 )
 from gptlab.align.grpo_rollouts import RolloutLoader, load_grpo_task, make_scorer, rollout_groups, rollout_stats
-from gptlab.align.logprobs import token_logprobs
+from gptlab.align.learnable import FLAT, choose_pool, distinct, nothing_learned, probe_start
+from gptlab.align.logprobs import IGNORE, token_logprobs
 from gptlab.align.start import find_init, refuse_fsdp
 from gptlab.chat import CHAT_TOKENS, ChatFormat
 from gptlab.data.match import find_model_tokenizer
@@ -71,7 +77,7 @@ __all__ = ["CLIPPED", "GRPO_PRESETS", "LOSSES", "GRPOConfig", "GRPOResult", "GRP
            "compare", "describe", "group_advantages", "grpo_cpu", "heldout", "heldout_fn", "load_grpo_task", "make_scorer",
            "policy_loss", "rollout_groups", "rollout_stats", "run_grpo", "token_weights"]
 
-ZERO_SPREAD_WARNING = 0.9  # warn when this fraction of groups has no reward spread
+ZERO_SPREAD_WARNING = FLAT  # warn when this fraction of groups has no reward spread
 
 
 class GRPOTrainer(Trainer):
@@ -100,6 +106,7 @@ class GRPOTrainer(Trainer):
         self.task = load_grpo_task(config.task)
         self.score = make_scorer(config.reward, self.task)
         self.pool = self._prompt_pool(config)
+        self.candidates, self.kept = distinct(self.pool), None  # the prompts the start's probe samples; those it kept
         self._probe_rewards(config)
         self.sampling = SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                                        top_k=config.top_k or None, stop_tokens=self.chat.stop_tokens,
@@ -169,6 +176,22 @@ class GRPOTrainer(Trainer):
             self.print(f"note: {len(examples) - len(pool)} of {len(examples)} prompts are too long for the context and left out")
         return pool
 
+    def _choose_pool(self) -> None:
+        """A new run measures the start's pass rate on the train prompts and, with prompt_filter learnable, keeps
+        the prompts it can learn from (gptlab.align.learnable); refused (the new folder removed) when too few."""
+        config = self.config
+        if config.probe_samples == 0:
+            return
+        probe = probe_start(self.model, self.chat, self.score, self.candidates, self.sampling, config,
+                            rank=self.runtime.rank, world=self.runtime.world_size)
+        kept = choose_pool(probe, config, self.print)
+        if kept is not None:
+            self.use_pool(kept)
+
+    def use_pool(self, kept: list[int]) -> None:
+        """Train on these candidates only (the probe's choice, or a checkpoint's record of it)."""
+        self.kept, self.pool = list(kept), [self.candidates[index] for index in kept]
+
     def _make_model(self) -> GPT:
         model = load_pretrained_directory(self.init_path, device=self.runtime.device)
         if self.config.kl_beta > 0:  # a frozen copy of the start, for the KL penalty
@@ -186,7 +209,7 @@ class GRPOTrainer(Trainer):
 
     def _step_batches(self) -> tuple[list[tuple], list[float | None]]:
         """The rollout's micro-batches; their per-token weights already hold the step's normalisation."""
-        self.parts = {"clipped": 0.0, "tokens": 0.0, "kl": 0.0}
+        self.parts = {"clipped": 0.0, "tokens": 0.0, "kl": 0.0, "entropy": 0.0}
         batches = [self.train_loader.next_batch() for _ in range(self.accum)]
         self.rows_tokens = sum(x.numel() for x, _, _ in batches) * self.runtime.world_size
         return batches, [None] * self.accum
@@ -196,15 +219,17 @@ class GRPOTrainer(Trainer):
 
     def _micro_loss(self, x: torch.Tensor, y: torch.Tensor, kwargs: dict, weight: float | None) -> torch.Tensor:
         with self.cast:
-            logp = token_logprobs(self.wrapped, x, y)
+            logp, entropy = token_logprobs(self.wrapped, x, y, entropy=True)
         parts = policy_loss(logp, y, kwargs, self.config)
-        for key in self.parts:
+        for key in ("clipped", "tokens", "kl"):
             self.parts[key] += getattr(parts, key)
+        self.parts["entropy"] += float((entropy * (y != IGNORE)).sum())  # over the completion tokens, as the loss
         return parts.loss
 
     def _step_metrics(self) -> dict[str, float]:
         stats = dict(self.train_loader.stats)
         tokens = max(self.parts["tokens"], 1.0)
+        stats["entropy"] = self.parts["entropy"] / tokens  # nats per completion token: near 0, the samples stop differing
         if self.config.loss in CLIPPED:
             stats["clipped"] = self.parts["clipped"] / tokens
         if self.config.kl_beta > 0:
@@ -224,8 +249,11 @@ class GRPOTrainer(Trainer):
                    f"rollout's longest, so tokens/step varies")
 
     def _restore(self, path: Path | None):
-        """As the Trainer's, and completions logged after the checkpoint are dropped (they will be sampled again)."""
+        """As the Trainer's; a new run then probes the start for its prompt pool, and a resumed one drops the
+        completions logged after its checkpoint (they will be sampled again)."""
         state = super()._restore(path)
+        if path is None:  # a new run; a resumed one trains on the pool its checkpoint names (RolloutLoader)
+            self._choose_pool()
         completions = Path(self.config.out) / "completions.jsonl"
         if self.runtime.is_main and completions.is_file():
             kept = [line for line in completions.read_text(encoding="utf-8").splitlines(keepends=True)
@@ -272,6 +300,9 @@ def run_grpo(config: GRPOConfig, *, runtime=None, log: Callable[[str], None] = p
         if trainer.runtime.is_main:
             log("after:  " + describe(after, name, config.eval_samples))
             log(compare(start, end))
+    flat = nothing_learned(trainer.train_loader.flat, trainer.train_loader.rollout)
+    if trainer.runtime.is_main and flat:
+        log(flat)
     if trainer.runtime.is_main:
         log(f"{result.status} after {result.steps} steps in {result.seconds:.0f} s; checkpoint {result.checkpoint}")
     return GRPOResult(result, before, after)

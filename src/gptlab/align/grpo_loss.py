@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gptlab.align.learnable import FILTERS
 from gptlab.align.logprobs import IGNORE
 from gptlab.runtime import GptlabError
 from gptlab.train.config import TrainConfig
@@ -65,6 +66,9 @@ class GRPOConfig(TrainConfig):
     eval_samples: int = 8  # k: samples per held-out prompt for pass@1 and pass@k
     task_every: int = 0  # steps between held-out evaluations (0: only before and after)
     slots: int = 0  # requests the engine decodes together (0: the whole rollout at once)
+    prompt_filter: str = "none"  # learnable: train only on prompts whose start pass rate is between 0 and 1 | none: all
+    probe_samples: int = 8  # samples per train prompt to measure the start's pass rate before training (0: no probe)
+    probe_prompts: int = 64  # distinct train prompts probed at a time; learnable probes on (up to train_examples) until this many are kept
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -83,8 +87,13 @@ class GRPOConfig(TrainConfig):
             raise GptlabError(f"temperature must be above 0 (rollouts sample), got {self.temperature}")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0) or self.kl_beta < 0:
             raise GptlabError(f"need 0 <= clip_low < 1, clip_high >= 0 and kl_beta >= 0; got {self.clip_low}, {self.clip_high}, {self.kl_beta}")
-        if min(self.task_every, self.top_k, self.slots) < 0:
-            raise GptlabError("task_every, top_k and slots must be 0 or more")
+        if min(self.task_every, self.top_k, self.slots, self.probe_samples) < 0 or self.probe_prompts < 1:
+            raise GptlabError("task_every, top_k, slots and probe_samples must be 0 or more, probe_prompts at least 1")
+        if self.prompt_filter not in FILTERS:
+            raise GptlabError(f"unknown prompt_filter {self.prompt_filter!r}; use one of {', '.join(FILTERS)}")
+        if self.prompt_filter == "learnable" and self.probe_samples < 2:
+            raise GptlabError(f"prompt_filter learnable compares a prompt's samples: probe_samples must be at least 2, "
+                              f"got {self.probe_samples} (or pass --prompt-filter none)")
 
     @property
     def scaled(self) -> bool:
@@ -106,6 +115,7 @@ def grpo_cpu() -> GRPOConfig:
         schedule=ScheduleConfig(kind="constant", warmup_steps=0),
         prompts_per_step=16, group_size=8, micro_batch=32, seq_len=128, max_new_tokens=24,
         max_steps=60, eval_every=0, checkpoint_every=20, log_every=5, eval_examples=100, eval_samples=16,
+        prompt_filter="learnable",
     )
 
 

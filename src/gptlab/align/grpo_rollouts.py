@@ -6,8 +6,9 @@
     weigh     advantages and per-token weights (gptlab.align.grpo_loss), as tensors for the micro-batches
 
 RolloutLoader is the GRPO Trainer's "loader": it makes a rollout on demand, serves it for `epochs` optimizer
-steps (a new shuffle each), and saves a rollout still being reused in the checkpoint. Resume is exact: prompts
-come in a seeded order and each request's sampler is seeded from (seed, rollout, prompt, sample). A few
+steps (a new shuffle each), and saves a rollout still being reused in the checkpoint, with the prompt pool the
+start's probe kept (gptlab.align.learnable) and how many rollouts had (nearly) nothing to learn. Resume is exact:
+prompts come in a seeded order and each request's sampler is seeded from (seed, rollout, prompt, sample). A few
 completions of each rollout go to OUT/completions.jsonl, as TRL's completion tables.
 Not here: the loss (gptlab.align.grpo_loss), the loop (gptlab.align.grpo), tasks and verifiers (gptlab.chat.tasks).
 """
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 
 from gptlab.align.grpo_loss import GRPOConfig, group_advantages, token_weights
+from gptlab.align.learnable import FLAT
 from gptlab.align.logprobs import IGNORE, token_logprobs
 from gptlab.align.rewards import Rewards, example_columns
 from gptlab.align.rollout import pad_rows, rollout
@@ -42,13 +44,14 @@ class RolloutLoader:
     """The Trainer's "loader": each optimizer step's micro-batches, sampled from the current weights.
 
     A rollout serves `epochs` steps (a new shuffle of its completions each), then the next is made.
-    Rank r takes prompts r, r + world, ... of each rollout's P. `stats` describes the latest rollout.
+    Rank r takes prompts r, r + world, ... of each rollout's P. `stats` describes the latest rollout;
+    `flat` counts the rollouts whose groups, all ranks together, were at least FLAT without reward spread.
     """
 
     def __init__(self, trainer: GRPOTrainer) -> None:
         self.trainer, self.config = trainer, trainer.config
         self.rank, self.world = trainer.runtime.rank, trainer.runtime.world_size
-        self.rollout, self.served, self.buffer = 0, 0, None
+        self.rollout, self.served, self.buffer, self.flat = 0, 0, None, 0
         self.queue: list[tuple] = []
         self.stats: dict[str, float] = {}
 
@@ -62,12 +65,16 @@ class RolloutLoader:
         return self.queue.pop(0)
 
     def state_dict(self) -> dict:
-        """Where the run stands; a rollout that will serve more steps is kept whole (JSON-able)."""
+        """Where the run stands; a rollout that will serve more steps is kept whole, and the probe's pool (JSON-able)."""
         pending = self.buffer if self.buffer is not None and self.served < self.config.epochs else None
-        return {"rollout": self.rollout, "served": self.served, "buffer": pending}
+        return {"rollout": self.rollout, "served": self.served, "buffer": pending, "flat": self.flat, "pool": self.trainer.kept}
 
     def load_state_dict(self, state: dict) -> None:
+        """As saved; the trainer's pool becomes the one the run's probe kept (a resumed run does not probe again)."""
         self.rollout, self.served, self.buffer = state["rollout"], state["served"], state["buffer"]
+        self.flat = state.get("flat", 0)
+        if state.get("pool") is not None:
+            self.trainer.use_pool(state["pool"])
         self.queue = []
         if self.buffer is not None:
             self._tensors = self._to_tensors(self.buffer)
@@ -102,6 +109,8 @@ class RolloutLoader:
             buffer["old"] = self._completion_logprobs(trainer.model)
             self._tensors = self._to_tensors(buffer)
         self.stats = rollout_stats(torch.tensor(rewards).view(-1, config.group_size), completions, means)
+        groups = len(rewards) // config.group_size
+        self.flat += self._per_rank(round(self.stats["zero_spread"] * groups)) >= FLAT * self._per_rank(groups)  # every rank's groups
         self.stats["rollout_s"] = time.perf_counter() - start  # sampling and scoring: most of a step's time
         self._show(rollout, repeated, texts, rewards)
         return buffer
