@@ -10,6 +10,8 @@ the rejected. Sources are named in a mixture spec as for SFT (gptlab.chat.data: 
                        {"messages": [messages], "chosen": ..., "rejected": ...}               messages for prompt
                        {"chosen": [whole conversation], "rejected": [whole conversation]}    implicit prompt:
                                                                   the messages both share are the prompt
+                                                                  (also when a prompt is given, as in UltraFeedback)
+                       an optional "margin" number (TRL's reward-model column) rides along; DPO ignores it
     hf:NAME, hf:/dir   a dataset with those columns (options n, split)
     task:arithmetic[n=2000,digits=1]
                        built-in task examples: chosen is the task's reply, rejected the same reply made
@@ -67,6 +69,7 @@ class Pair:
     prompt: list  # messages, the last the user's
     chosen: str  # the preferred assistant reply
     rejected: str  # the dispreferred one
+    margin: float = 0.0  # a record's "margin" (TRL's reward-model column): how far chosen should out-score rejected
 
 
 # ---------------------------------------------------------------- parsing one row
@@ -81,6 +84,8 @@ def parse_pair(record: object) -> Pair:
         raise GptlabError(f'no "{missing[0]}" field (a pair is {{"prompt": ..., "chosen": ..., "rejected": ...}})')
     prompt = record.get("prompt", record.get("messages"))
     chosen, rejected = record["chosen"], record["rejected"]
+    if _whole_conversations(chosen, rejected):  # UltraFeedback's rows carry a prompt too: the conversations say more
+        prompt = None
     if prompt is None:
         if not (isinstance(chosen, list) and isinstance(rejected, list)):
             raise GptlabError("without a prompt, chosen and rejected must be whole conversations (lists of messages)")
@@ -96,10 +101,22 @@ def parse_pair(record: object) -> Pair:
         raise GptlabError("the prompt must be text or a non-empty list of messages")
     check_messages(prompt, for_generation=True)
     pair = Pair([{"role": m["role"], "content": m["content"]} for m in prompt],
-                _reply(chosen, "chosen"), _reply(rejected, "rejected"))
+                _reply(chosen, "chosen"), _reply(rejected, "rejected"), _margin(record.get("margin", 0.0)))
     if pair.chosen == pair.rejected:
         raise GptlabError("chosen and rejected are the same reply")
     return pair
+
+
+def _whole_conversations(chosen: object, rejected: object) -> bool:
+    """Both replies are conversations that open with a turn of the user's or system's, not bare assistant replies."""
+    return all(isinstance(value, list) and value and isinstance(value[0], Mapping) and value[0].get("role") != "assistant"
+               for value in (chosen, rejected))
+
+
+def _margin(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise GptlabError(f"margin must be a finite number, got {value!r}")
+    return float(value)
 
 
 def _reply(value: object, name: str) -> str:
