@@ -103,9 +103,7 @@ class GRPOTrainer(Trainer):
                                      seq_len=min(config.seq_len, init.block_size))
         config = dataclasses.replace(config, batch_tokens=config.sequences * config.seq_len)  # TrainConfig's view of a step
         self._check_batch(config)
-        self.task = load_grpo_task(config.task)
-        self.score = make_scorer(config.reward, self.task)
-        self.pool = self._prompt_pool(config)
+        self.pool = self._load_prompts(config)
         self.candidates, self.kept = distinct(self.pool), None  # the prompts the start's probe samples; those it kept
         self._probe_rewards(config)
         self.sampling = SamplingConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
@@ -115,6 +113,12 @@ class GRPOTrainer(Trainer):
         self.accum = config.accumulation_steps(self.runtime.world_size)
         self.precision = resolve_precision(config.precision, self.runtime.device)
         return self._shorten_warmup(config)
+
+    def _load_prompts(self, config: GRPOConfig) -> list:
+        """The task, the scorer of its completions and the pool of train prompts (PPO reads prompts from files too)."""
+        self.task = load_grpo_task(config.task)
+        self.score = make_scorer(config.reward, self.task)
+        return self._prompt_pool(config)
 
     def _probe_rewards(self, config: GRPOConfig) -> None:
         """Score one rollout-shaped batch before the run folder is claimed, so a reward function that raises, or

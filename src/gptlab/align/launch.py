@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 from gptlab.align.dpo import DPO_PRESETS, run_dpo
 from gptlab.align.grpo import GRPO_PRESETS, run_grpo
+from gptlab.align.ppo import PPO_PRESETS, run_ppo
+from gptlab.align.rm import RM_PRESETS, run_rm
 from gptlab.align.sft import SFT_PRESETS, run_sft
 from gptlab.align.start import find_init
 from gptlab.model.hf import read_pretrained_config
@@ -80,6 +82,26 @@ def grpo_config(preset: str, overrides: list[str], init: str):
     return apply_overrides(GRPO_PRESETS[preset](), overrides, defaults={"init_from": init}, fixed=unused)
 
 
+def rm_config(preset: str, overrides: list[str], init: str):
+    """As sft_config, from the reward model's presets: the same flags, the same model rules."""
+    return sft_config(preset, overrides, init, presets=RM_PRESETS, ignored=SFT_IGNORED)
+
+
+# why, for the flags sft and dpo take that ppo does not (its ignored fields are grpo's)
+PPO_REASONS = {**GRPO_REASONS, "data": "PPO's prompts come from --task or --prompts", "tokenizer": "PPO uses the tokenizer saved with the --init chat model",
+               "batch_tokens": "PPO does not use it (a step is one minibatch: --rollout-prompts / --minibatches completions)",
+               "eval_every": "PPO has no val loss (no val split); --task-every sets the steps between held-out evaluations",
+               "eval_batches": "PPO has no val loss (no val split); --eval-examples sets the held-out prompts per evaluation"}
+
+
+def ppo_config(preset: str, overrides: list[str], init: str):
+    """PPO's preset with the overrides; as grpo_config, the model is read at the run's start from --init (a chat model)."""
+    find_init(init)  # a missing --init is named before anything else
+    _refuse_model_overrides(overrides, init_from_too=False)
+    unused = {key: PPO_REASONS.get(key, "PPO does not use it") for key in GRPO_IGNORED}
+    return apply_overrides(PPO_PRESETS[preset](), overrides, defaults={"init_from": init}, fixed=unused)
+
+
 @dataclass(frozen=True)
 class FineTuning:
     """One fine-tuning command: its presets, the fields it refuses, how its config resolves and the loop that runs it."""
@@ -95,6 +117,8 @@ FINE_TUNINGS = {
     "sft": FineTuning(SFT_PRESETS, "sft-cpu", SFT_IGNORED, sft_config, run_sft),
     "dpo": FineTuning(DPO_PRESETS, "dpo-cpu", SFT_IGNORED, dpo_config, run_dpo),
     "grpo": FineTuning(GRPO_PRESETS, "grpo-cpu", GRPO_IGNORED, grpo_config, run_grpo),
+    "ppo": FineTuning(PPO_PRESETS, "ppo-cpu", GRPO_IGNORED, ppo_config, run_ppo),
+    "rm": FineTuning(RM_PRESETS, "rm-cpu", SFT_IGNORED, rm_config, run_rm),
 }
 
 

@@ -18,7 +18,7 @@ from gptlab.runtime import GptlabError
 from gptlab.runtime.threads import parse_threads, set_threads
 
 # Commands that compute with torch take --threads; the data and tokenizer commands size their worker processes with --workers.
-THREADED = ("model", "train", "profile", "sweep", "fit", "sft", "dpo", "grpo", "run", "sample", "chat", "serve", "eval", "export")
+THREADED = ("model", "train", "profile", "sweep", "fit", "sft", "dpo", "grpo", "ppo", "rm", "rm-score", "run", "sample", "chat", "serve", "eval", "export")
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -34,13 +34,32 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def build_parser() -> ArgumentParser:
     from gptlab import __version__
-    from gptlab.cli import chat, data, dpo, export, fit, grpo, model, profile, run, runs, sample, serve, sft, sweep, tokenizer, train
+    from gptlab.cli import (
+        chat,
+        data,
+        dpo,
+        export,
+        fit,
+        grpo,
+        model,
+        ppo,
+        profile,
+        rm,
+        run,
+        runs,
+        sample,
+        serve,
+        sft,
+        sweep,
+        tokenizer,
+        train,
+    )
     from gptlab.cli import eval as eval_cli
 
     parser = ArgumentParser(prog="gptlab", description="Build a GPT language model from scratch.")
     parser.add_argument("--version", action="version", version=f"gptlab {__version__}")
     stages = parser.add_subparsers(dest="stage", metavar="STAGE", required=True, parser_class=ArgumentParser)
-    for module in (tokenizer, data, model, train, profile, sweep, fit, sft, dpo, grpo, run, runs, sample, chat, serve, eval_cli, export):
+    for module in (tokenizer, data, model, train, profile, sweep, fit, sft, dpo, grpo, ppo, rm, run, runs, sample, chat, serve, eval_cli, export):
         module.register(stages)
     for name in THREADED:
         add_threads_argument(stages.choices[name])

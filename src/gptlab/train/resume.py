@@ -88,11 +88,15 @@ class ResumeMixin:
         if not self.runtime.is_main:
             return None
         path = checkpoint_dir(config.out) / f"step_{state.step:06d}"
-        attach = (lambda folder: self.tokenizer.save(folder / "tokenizer")) if self.tokenizer is not None else None
-        save_checkpoint(path, model, optimizer, state=trainer_state, scaler=self.scaler, rng_states=rngs, attach=attach)
+        save_checkpoint(path, model, optimizer, state=trainer_state, scaler=self.scaler, rng_states=rngs, attach=self._attach)
         record_best(config.out, path, val_loss)
         prune(config.out, config.keep_last, keep=path)
         return path
+
+    def _attach(self, folder: Path) -> None:
+        """More files for a checkpoint before it is sealed: the tokenizer (subclasses add theirs, e.g. PPO's value model)."""
+        if self.tokenizer is not None:
+            self.tokenizer.save(folder / "tokenizer")
 
     def _load(self, path: Path) -> dict:
         """Weights, optimizer, scaler and RNGs from a checkpoint; under FSDP every rank reads it whole and keeps its shards."""
