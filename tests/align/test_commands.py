@@ -1,4 +1,4 @@
-"""The three alignment commands side by side (sft, dpo, grpo): the flags they share, and bad input each refuses in one
+"""The alignment commands side by side (sft, dpo, grpo, rm, ppo): the flags they share, and bad input each refuses in one
 line, before any compute, leaving no run folder, with the corrected command then running."""
 
 import json
@@ -16,7 +16,8 @@ SHARED = {"--init", "--preset", "--no-resume", "--force", "--out", "--max-steps"
 # ... and what the two that read data with a val split take (grpo samples its prompts from --task)
 SHARED_WITH_DATA = {"--data", "--tokenizer", "--batch-tokens", "--val-fraction", "--on-error", "--eval-every",
                     "--eval-batches", "--tasks", "--task-examples"}
-COMMANDS = ("sft", "dpo", "grpo")
+COMMANDS = ("sft", "dpo", "grpo", "rm", "ppo")
+WITH_DATA = ("sft", "dpo", "rm")  # the commands that read --data (grpo and ppo sample their prompts)
 CHEAP = {  # the least each command needs to run a step on the tiny chat model
     "sft": ["--max-steps", "1", "--batch-tokens", "256", "--micro-batch", "4", "--seq-len", "64", "--task-examples", "2",
             "--eval-every", "0", "--precision", "fp32", "--device", "cpu"],
@@ -24,6 +25,11 @@ CHEAP = {  # the least each command needs to run a step on the tiny chat model
             "--eval-every", "0", "--precision", "fp32", "--device", "cpu", "--val-fraction", "0"],
     "grpo": ["--max-steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--micro-batch", "4", "--max-new-tokens", "4",
              "--eval-examples", "2", "--eval-samples", "2", "--train-examples", "20", "--precision", "fp32", "--device", "cpu"],
+    "rm": ["--max-steps", "1", "--batch-tokens", "256", "--micro-batch", "2", "--seq-len", "64", "--eval-every", "0",
+           "--precision", "fp32", "--device", "cpu", "--val-fraction", "0"],
+    "ppo": ["--max-steps", "1", "--rollout-prompts", "4", "--minibatches", "1", "--ppo-epochs", "1", "--micro-batch", "4",
+            "--max-new-tokens", "4", "--eval-examples", "2", "--eval-samples", "2", "--train-examples", "20", "--precision", "fp32",
+            "--device", "cpu"],
 }
 
 
@@ -41,16 +47,17 @@ def one_line_error(capsys) -> str:
     return err
 
 
-def test_sft_dpo_and_grpo_share_their_common_flags_with_the_same_types(capsys):
+def test_the_alignment_commands_share_their_common_flags_with_the_same_types(capsys):
     flags = {command: help_flags(command, capsys) for command in COMMANDS}
     for command in COMMANDS:
-        assert SHARED <= set(flags[command]), (command, sorted(SHARED - set(flags[command])))
-    for command in ("sft", "dpo"):
+        expected = SHARED - {"--task-every"} if command == "rm" else SHARED  # a reward model generates nothing to grade
+        assert expected <= set(flags[command]), (command, sorted(expected - set(flags[command])))
+    for command in WITH_DATA:
         assert SHARED_WITH_DATA <= set(flags[command]), (command, sorted(SHARED_WITH_DATA - set(flags[command])))
     for flag in SHARED:
-        assert len({flags[command][flag] for command in COMMANDS}) == 1, flag  # INT everywhere, or FLOAT, ...
+        assert len({flags[command][flag] for command in COMMANDS if flag in flags[command]}) == 1, flag  # INT everywhere, or FLOAT, ...
     for flag in SHARED_WITH_DATA:
-        assert flags["sft"][flag] == flags["dpo"][flag], flag
+        assert len({flags[command][flag] for command in WITH_DATA}) == 1, flag
 
 
 @pytest.mark.parametrize("flag, instead", [("--eval-every", "--task-every"), ("--eval-batches", "--eval-examples"),
@@ -77,17 +84,17 @@ def test_dpo_takes_eval_batches_and_task_every_as_sft_does(chat_model, tmp_path,
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_data_folder_given_to_init_is_named_as_one(command, prepared, tmp_path, capsys):
     out = tmp_path / "run"
-    data = ["--data", "task:arithmetic[n=8]"] if command != "grpo" else []
+    data = ["--data", "task:arithmetic[n=8]"] if command in WITH_DATA else []
     assert main([command, "--init", str(prepared / "data"), *data, "--out", str(out), *CHEAP[command]]) == 1
     err = one_line_error(capsys)
     assert f"--init {prepared / 'data'} is a prepared data folder (manifest.json), not a model" in err
     assert "config.json" not in err and not out.exists()
 
 
-@pytest.mark.parametrize("command", ["dpo", "grpo"])
-def test_dpo_and_grpo_refuse_fsdp_in_one_line_leaving_nothing(command, chat_model, tmp_path, capsys):
+@pytest.mark.parametrize("command", ["dpo", "grpo", "rm", "ppo"])
+def test_dpo_grpo_rm_and_ppo_refuse_fsdp_in_one_line_leaving_nothing(command, chat_model, tmp_path, capsys):
     out = tmp_path / "run"
-    data = ["--data", "task:arithmetic[n=8,digits=1]"] if command == "dpo" else []
+    data = ["--data", "task:arithmetic[n=8,digits=1]"] if command in WITH_DATA else []
     assert main([command, "--init", str(chat_model), *data, "--out", str(out), "--parallel.fsdp", "true", *CHEAP[command]]) == 1
     err = one_line_error(capsys)
     assert f"gptlab {command} does not support --parallel.fsdp" in err and "before:" not in capsys.readouterr().out
