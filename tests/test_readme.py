@@ -67,6 +67,11 @@ TUNE_SMALL = ("--max-steps", "2", "--batch-tokens", "1024", "--micro-batch", "8"
 GRPO_SMALL = ("--max-steps", "2", "--prompts-per-step", "2", "--group-size", "2", "--micro-batch", "4", "--max-new-tokens", "8",
               "--train-examples", "20", "--prompt-filter", "none",  # the tiny demo model answers no sum: nothing learnable
               "--eval-examples", "2", "--eval-samples", "2", "--sample-tokens", "8", "--precision", "fp32")
+RM_SMALL = ("--max-steps", "2", "--batch-tokens", "256", "--micro-batch", "2", "--seq-len", "64", "--eval-every", "0",
+            "--normalise-pairs", "8", "--sample-tokens", "8", "--precision", "fp32")
+PPO_SMALL = ("--max-steps", "2", "--rollout-prompts", "4", "--minibatches", "1", "--ppo-epochs", "1", "--micro-batch", "4",
+             "--max-new-tokens", "8", "--train-examples", "20", "--eval-examples", "2", "--eval-samples", "2", "--sample-tokens", "8",
+             "--precision", "fp32")
 # `gptlab run` at a size that takes seconds: the session's runs/shakespeare, and the README's `gptlab run` (which resumes it)
 RUN_SMALL = (
     "--tokenizer.vocab-size", "512", "--train.max-steps", "4", "--train.model.n-layer", "1", "--train.model.n-embd", "32",
@@ -88,7 +93,8 @@ CORE_EVAL = "gptlab eval runs/shakespeare/train --suite core --tasks arc_easy,la
 CHAT_EVAL = "gptlab eval runs/shakespeare/sft --suite chat --tasks arc_easy,spelling,gsm8k,humaneval"
 CURATE = "gptlab data curate crawl/*.warc.gz"
 SFT = "gptlab sft --init runs/shakespeare/train --data \"task:arithmetic[n=20000,digits=1], examples/chats.jsonl@2\""
-SFT_ARITH = "gptlab sft --init runs/shakespeare/train --data \"task:arithmetic[n=40000,digits=1]\" --max-steps 800"
+SFT_ARITH = "gptlab sft  --init runs/shakespeare/train --data \"task:arithmetic[n=40000,digits=2]\" --max-steps 400"
+RM = "gptlab rm   --init runs/shakespeare/sft --out runs/rm"
 FIT = "gptlab fit sweeps/mini --target 1e14 1e16"
 
 RUNS: dict[str, Scale] = {
@@ -140,7 +146,14 @@ RUNS: dict[str, Scale] = {
     # stage 7
     "gptlab dpo  --init runs/shakespeare/sft --out runs/dpo": Scale(extra=TUNE_SMALL),
     "gptlab dpo  --init runs/sft --data \"examples/prefs.jsonl": Scale(extra=TUNE_SMALL, needs=(SFT,)),
-    "gptlab grpo --init runs/sft-arith/checkpoints/step_000400 --task": Scale(extra=GRPO_SMALL, needs=(SFT_ARITH,)),
+    "gptlab grpo --init runs/sft-arith --task": Scale(extra=GRPO_SMALL, needs=(SFT_ARITH,)),
+    RM: Scale(extra=RM_SMALL),
+    "gptlab rm-score runs/rm --prompt": Scale(needs=(RM,)),
+    "gptlab ppo  --init runs/shakespeare/sft --reward rm:runs/rm": Scale(extra=PPO_SMALL, needs=(RM,)),
+    "gptlab ppo  --init runs/sft --prompts examples/prefs.jsonl": Scale(extra=PPO_SMALL, needs=(SFT, RM)),
+    "gptlab sample --checkpoint runs/shakespeare/sft --task arithmetic": Scale(extra=("--max-new-tokens", "8")),
+    "gptlab chat runs/shakespeare/sft --best-of 4": Scale(extra=("--max-tokens", "8", "--seed", "0"), needs=(RM,),
+                                                          stdin="What is 3 + 4?\n"),
     "gptlab grpo --init runs/sft --task \"arithmetic[digits=1]\" --loss dapo": Scale(extra=GRPO_SMALL, needs=(SFT,)),
     "gptlab run": Scale(extra=RUN_SMALL),
     # systems
@@ -157,11 +170,7 @@ RUNS: dict[str, Scale] = {
     "import torch\nfrom gptlab.align.logprobs import": Scale(),
     "from gptlab.scaling.laws import EPOCH": Scale(),
     "from transformers import AutoModelForCausalLM, AutoTokenizer": Scale(env=OFFLINE, needs=(EXPORT,)),
-    # 400 steps, so that step_000400 exists as the README's next command expects; each of a few tokens
-    SFT_ARITH: Scale(extra=("--max-steps", "400", "--checkpoint-every", "400", "--batch-tokens", "96", "--micro-batch", "2",
-                            "--seq-len", "48", "--eval-every", "0", "--eval-batches", "1", "--sample-tokens", "4",
-                            "--task-examples", "2", "--log-every", "400", "--precision", "fp32")),
-    "gptlab grpo --init runs/sft-arith/checkpoints/step_000400 --out runs/grpo-arith": Scale(extra=GRPO_SMALL, needs=(SFT_ARITH,)),
+    SFT_ARITH: Scale(extra=TUNE_SMALL),
     # scaling
     "gptlab sweep --data runs/shakespeare/data --budgets 6e11 2e12 6e12 --sizes 1x32 1x64 2x64 2x96 3x128 --head-dim 32 "
     "--out sweeps/mini --dry-run": Scale(),
@@ -203,6 +212,9 @@ ELSEWHERE: dict[str, str] = {
     "torchrun --nproc_per_node=8 -m gptlab.cli.main sft": GPU + " and " + NETWORK,
     "torchrun --nproc_per_node=8 -m gptlab.cli.main dpo": GPU + " and " + NETWORK,
     "torchrun --nproc_per_node=8 -m gptlab.cli.main grpo": GPU + " and " + NETWORK,
+    "torchrun --nproc_per_node=8 -m gptlab.cli.main rm": GPU + " and " + NETWORK,
+    "torchrun --nproc_per_node=8 -m gptlab.cli.main ppo": GPU + " and " + NETWORK,
+    "gptlab rm-score runs/rm-uf": "needs a GPU, " + NETWORK + ", and the reward model the line above it trains",
 }
 
 
