@@ -155,7 +155,6 @@ RUNS: dict[str, Scale] = {
     "gptlab chat runs/shakespeare/sft --best-of 4": Scale(extra=("--max-tokens", "8", "--seed", "0"), needs=(RM,),
                                                           stdin="What is 3 + 4?\n"),
     "gptlab grpo --init runs/sft --task \"arithmetic[digits=1]\" --loss dapo": Scale(extra=GRPO_SMALL, needs=(SFT,)),
-    "gptlab run": Scale(extra=RUN_SMALL),
     # systems
     "gptlab profile --out prof": Scale(extra=PROFILE_SMALL),
     "gptlab profile --out prof-ac --activation-checkpointing": Scale(extra=PROFILE_SMALL),

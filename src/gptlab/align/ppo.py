@@ -42,10 +42,9 @@ from gptlab.align.logprobs import logits_logprobs, token_entropy
 from gptlab.align.ppo_loss import DEFAULT_TASK, PPO_PRESETS, PPOConfig, ppo_cpu, ppo_loss
 from gptlab.align.ppo_rollouts import PPORolloutLoader
 from gptlab.align.prompts import Prompt, greedy_rewards, load_prompts, names_verifier, prompt_scorer, reward_change
+from gptlab.align.rm_reward import load_reward_model
 from gptlab.align.rollout import rollout
 from gptlab.align.scalar import ScalarModel
-from gptlab.align.start import find_init
-from gptlab.data.match import find_model_tokenizer
 from gptlab.model import GPT
 from gptlab.model.hf import load_pretrained_directory
 from gptlab.model.io import save_model, save_safetensors
@@ -103,15 +102,14 @@ class PPOTrainer(GRPOTrainer):
         self.prompt_splits, self.heldout_prompts = None, []
         config = super()._check_before_compute(config if config.prompts else dataclasses.replace(config, task=config.task or DEFAULT_TASK))
         self.value_init = None
-        if config.value_init:
-            self.value_init = find_init(config.value_init)
-            tokenizer = find_model_tokenizer(self.value_init)
-            if tokenizer is None or tokenizer.fingerprint() != self.fingerprint:
+        if config.value_init:  # a reward model however gptlab rm left it (its folder, a run, a checkpoint), read once
+            try:
+                self.value_init = load_reward_model(config.value_init)
+            except GptlabError as error:
+                raise GptlabError(f"--value-init: {error}") from None
+            if self.value_init.chat.tokenizer.fingerprint() != self.fingerprint:
                 raise GptlabError(f"--value-init {config.value_init} reads text with another tokenizer than --init "
                                   f"{config.init_from}'s; pass a reward model trained from the same chat model")
-            if not (self.value_init / "score_head.safetensors").is_file():
-                raise GptlabError(f"--value-init {config.value_init} is not a reward model (no score_head.safetensors); "
-                                  "pass a folder written by gptlab rm")
         return config
 
     def _load_prompts(self, config: PPOConfig) -> list:
@@ -183,11 +181,10 @@ class PPOTrainer(GRPOTrainer):
         self.reference = load_pretrained_directory(self.init_path, device=device).eval().requires_grad_(False)
         value = None
         if self.config.value_model == "separate":
-            value = ScalarModel(load_pretrained_directory(self.value_init or self.init_path, device=device))
-            if self.value_init is not None:
-                from safetensors.torch import load_file
-
-                value.head.load_state_dict(load_file(self.value_init / "score_head.safetensors", device=str(device)))
+            if self.value_init is not None:  # the reward model's trunk and head, trained on from here (TRL's start)
+                value = self.value_init.model.to(device).train().requires_grad_(True)
+            else:
+                value = ScalarModel(load_pretrained_directory(self.init_path, device=device))
             if not value.trunk.config.tie_embeddings:  # the trunk's language-model head is never used: not trained
                 value.trunk.lm_head.requires_grad_(False)
         return PolicyAndValue(policy, value)
