@@ -51,13 +51,13 @@ def compiled_copy(tokenizer: Tokenizer) -> Tokenizer:
 
 @pytest.fixture(scope="session")
 def trained(shakespeare_documents):
-    """Small tokenizers trained on Shakespeare with every pattern, built by the reference."""
+    """Small tokenizers trained on Shakespeare with every pattern (by the fast trainer: its merges equal the reference
+    trainer's, tests/tokenizer/test_train*.py; what this file compares is encoding)."""
     text = shakespeare_documents[:3]
-    with pure_python():
-        return {
-            name: Tokenizer.train(text, vocab_size=600, pattern=name, special_tokens=[EOT, "<|pad|>"])
-            for name in ["gpt2", "gpt4", "o200k", "none", r"\w+|\W"]
-        }
+    return {
+        name: Tokenizer.train(text, vocab_size=600, pattern=name, special_tokens=[EOT, "<|pad|>"])
+        for name in ["gpt2", "gpt4", "o200k", "none", r"\w+|\W"]
+    }
 
 
 # ---------------------------------------------------------------- the build and the fallback
