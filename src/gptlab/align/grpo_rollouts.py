@@ -80,14 +80,7 @@ class RolloutLoader:
             self._tensors = self._to_tensors(self.buffer)
 
     def _examples(self, rollout: int) -> list:
-        """This rank's prompts of a rollout: the pool in a seeded order, reshuffled each pass over it."""
-        pool, P = self.trainer.pool, self.config.prompts_per_step
-        picked = []
-        for position in range(rollout * P + self.rank, (rollout + 1) * P, self.world):
-            passes, index = divmod(position, len(pool))
-            order = np.random.default_rng([self.config.seed, passes]).permutation(len(pool))
-            picked.append(pool[order[index]])
-        return picked
+        return rollout_prompts(self.trainer.pool, self.config.prompts_per_step, rollout, self.rank, self.world, self.config.seed)
 
     def _sample(self, rollout: int) -> dict:
         """Sample, score and weigh one rollout; returns its JSON-able record (and sets the tensors)."""
@@ -178,6 +171,17 @@ class RolloutLoader:
                  for i in range(0, min(len(texts), SHOWN_COMPLETIONS * self.config.group_size), self.config.group_size)]
         with open(path, "a", encoding="utf-8") as handle:
             handle.writelines(lines)
+
+
+def rollout_prompts(pool: list, per_rollout: int, rollout: int, rank: int, world: int, seed: int) -> list:
+    """This rank's prompts of a rollout (positions rank, rank + world, ... of its per_rollout): the pool in a seeded
+    order, reshuffled each pass over it, so a resumed run or another rank count deals the same prompts."""
+    picked = []
+    for position in range(rollout * per_rollout + rank, (rollout + 1) * per_rollout, world):
+        passes, index = divmod(position, len(pool))
+        order = np.random.default_rng([seed, passes]).permutation(len(pool))
+        picked.append(pool[order[index]])
+    return picked
 
 
 def _scatter(values: list[list[float]], y: torch.Tensor) -> torch.Tensor:

@@ -29,14 +29,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from gptlab.align.grpo import GRPOTrainer
+from gptlab.align.grpo import GRPOResult, GRPOTrainer
 from gptlab.align.grpo_heldout import HeldOut, compare, describe, heldout, heldout_fn
 from gptlab.align.logprobs import logits_logprobs, token_entropy
 from gptlab.align.ppo_loss import DEFAULT_TASK, PPO_PRESETS, PPOConfig, ppo_cpu, ppo_loss
@@ -50,7 +49,7 @@ from gptlab.model.hf import load_pretrained_directory
 from gptlab.model.io import save_model, save_safetensors
 from gptlab.runtime import GptlabError
 from gptlab.train.checkpoint import load_checkpoint
-from gptlab.train.trainer import Trainer, TrainResult
+from gptlab.train.trainer import Trainer
 
 __all__ = ["PPO_PRESETS", "PPOConfig", "PPOResult", "PPOTrainer", "PolicyAndValue", "ppo_cpu", "run_ppo"]
 
@@ -250,15 +249,7 @@ class PPOTrainer(GRPOTrainer):
                    f"{config.ppo_epochs} epochs x {config.minibatches} minibatches = {config.ppo_epochs * config.minibatches} steps per rollout")
 
 
-@dataclass
-class PPOResult:
-    train: TrainResult
-    before: dict[str, float] = field(default_factory=dict)  # held-out measures of the starting model
-    after: dict[str, float] = field(default_factory=dict)  # ... and of the trained one
-
-    @property
-    def status(self) -> str:
-        return self.train.status
+PPOResult = GRPOResult  # the training result, and the held-out measures before and after
 
 
 def heldout_reward(trainer: PPOTrainer, model: GPT) -> float:

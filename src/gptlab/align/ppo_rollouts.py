@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from gptlab.align.grpo_rollouts import SHOWN_COMPLETIONS
+from gptlab.align.grpo_rollouts import SHOWN_COMPLETIONS, rollout_prompts
 from gptlab.align.logprobs import IGNORE, logits_logprobs, masked_mean, whiten
 from gptlab.align.ppo_loss import gae, kl_controller, token_rewards
 from gptlab.align.rollout import pad_rows, rollout
@@ -76,13 +76,7 @@ class PPORolloutLoader:
             self._tensors = self._to_tensors(self.buffer)
 
     def _examples(self, rollout: int) -> list:
-        """This rank's prompts of a rollout: the pool in a seeded order, reshuffled each pass over it."""
-        pool, P = self.trainer.pool, self.config.rollout_prompts
-        picked = []
-        for position in range(rollout * P + self.rank, (rollout + 1) * P, self.world):
-            passes, index = divmod(position, len(pool))
-            picked.append(pool[np.random.default_rng([self.config.seed, passes]).permutation(len(pool))[index]])
-        return picked
+        return rollout_prompts(self.trainer.pool, self.config.rollout_prompts, rollout, self.rank, self.world, self.config.seed)
 
     def _sample(self, rollout_index: int) -> dict:
         """Sample, score and evaluate one rollout; returns its JSON-able record (and sets the tensors)."""
