@@ -55,9 +55,18 @@ class RolloutLoader:
         self.queue: list[tuple] = []
         self.stats: dict[str, float] = {}
 
+    @property
+    def steps_per_rollout(self) -> int:
+        """Optimizer steps each rollout serves (GRPO: its epochs; PPO: epochs x minibatches)."""
+        return self.config.epochs
+
+    @property
+    def prompts_per_rollout(self) -> int:
+        return self.config.prompts_per_step
+
     def next_batch(self) -> tuple:
         if not self.queue:
-            if self.buffer is None or self.served >= self.config.epochs:
+            if self.buffer is None or self.served >= self.steps_per_rollout:
                 self.buffer, self.served = self._sample(self.rollout), 0
                 self.rollout += 1
             self.queue = self._micro_batches(self.served)
@@ -66,7 +75,7 @@ class RolloutLoader:
 
     def state_dict(self) -> dict:
         """Where the run stands; a rollout that will serve more steps is kept whole, and the probe's pool (JSON-able)."""
-        pending = self.buffer if self.buffer is not None and self.served < self.config.epochs else None
+        pending = self.buffer if self.buffer is not None and self.served < self.steps_per_rollout else None
         return {"rollout": self.rollout, "served": self.served, "buffer": pending, "flat": self.flat, "pool": self.trainer.kept}
 
     def load_state_dict(self, state: dict) -> None:
@@ -80,7 +89,7 @@ class RolloutLoader:
             self._tensors = self._to_tensors(self.buffer)
 
     def _examples(self, rollout: int) -> list:
-        return rollout_prompts(self.trainer.pool, self.config.prompts_per_step, rollout, self.rank, self.world, self.config.seed)
+        return rollout_prompts(self.trainer.pool, self.prompts_per_rollout, rollout, self.rank, self.world, self.config.seed)
 
     def _sample(self, rollout: int) -> dict:
         """Sample, score and weigh one rollout; returns its JSON-able record (and sets the tensors)."""

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from gptlab.align.grpo_rollouts import SHOWN_COMPLETIONS, rollout_prompts
+from gptlab.align.grpo_rollouts import SHOWN_COMPLETIONS, RolloutLoader
 from gptlab.align.logprobs import IGNORE, logits_logprobs, masked_mean, whiten
 from gptlab.align.ppo_loss import gae, kl_controller, token_rewards
 from gptlab.align.rollout import pad_rows, rollout
@@ -36,47 +36,29 @@ if TYPE_CHECKING:  # for annotations only: the trainer module imports this one
 PER_TOKEN = ("old_logp", "old_values", "advantages", "returns")  # the rollout's per-completion-token lists
 
 
-class PPORolloutLoader:
-    """The Trainer's "loader": each optimizer step's micro-batches, from a rollout of the current policy.
-
-    Rank r takes prompts r, r + world, ... of each rollout's P. `stats` describes the latest rollout.
-    """
+class PPORolloutLoader(RolloutLoader):
+    """GRPO's rollout "loader" (seeded prompts, serving, resume) with one completion per prompt, PPO's advantages,
+    and β: each rollout serves ppo_epochs x minibatches steps. Rank r takes prompts r, r + world, ... of each rollout."""
 
     def __init__(self, trainer: PPOTrainer) -> None:
-        self.trainer, self.config = trainer, trainer.config
-        self.rank, self.world = trainer.runtime.rank, trainer.runtime.world_size
-        self.rollout, self.served, self.buffer = 0, 0, None
+        super().__init__(trainer)
         self.kl = kl_controller(self.config)
-        self.queue: list[tuple] = []
-        self.stats: dict[str, float] = {}
 
     @property
     def steps_per_rollout(self) -> int:
         return self.config.ppo_epochs * self.config.minibatches
 
-    def next_batch(self) -> tuple:
-        if not self.queue:
-            if self.buffer is None or self.served >= self.steps_per_rollout:
-                self.buffer, self.served = self._sample(self.rollout), 0
-                self.rollout += 1
-            self.queue = self._micro_batches(self.served)
-            self.served += 1
-        return self.queue.pop(0)
+    @property
+    def prompts_per_rollout(self) -> int:
+        return self.config.rollout_prompts
 
     def state_dict(self) -> dict:
-        """Where the run stands and β; a rollout that will serve more steps is kept whole (JSON-able)."""
-        pending = self.buffer if self.buffer is not None and self.served < self.steps_per_rollout else None
-        return {"rollout": self.rollout, "served": self.served, "buffer": pending, "beta": self.kl.value}
+        """GRPO's, and β."""
+        return {**super().state_dict(), "beta": self.kl.value}
 
     def load_state_dict(self, state: dict) -> None:
-        self.rollout, self.served, self.buffer = state["rollout"], state["served"], state["buffer"]
         self.kl.value = state["beta"]
-        self.queue = []
-        if self.buffer is not None:
-            self._tensors = self._to_tensors(self.buffer)
-
-    def _examples(self, rollout: int) -> list:
-        return rollout_prompts(self.trainer.pool, self.config.rollout_prompts, rollout, self.rank, self.world, self.config.seed)
+        super().load_state_dict(state)
 
     def _sample(self, rollout_index: int) -> dict:
         """Sample, score and evaluate one rollout; returns its JSON-able record (and sets the tensors)."""
