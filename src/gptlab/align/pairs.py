@@ -185,22 +185,25 @@ def read_pairs(part: PartConfig, split: str = "train", n: int | None = None, *,
         return reader.items, reader.report
     if part.column != "messages":
         raise GptlabError(f"{part.source}: preference pairs have no column option; their columns are prompt, chosen, rejected")
-    reader = RowReader(part, on_error, parse=parse_pair, unit="pairs")
-    if part.kind == "hf":
-        source = HuggingFaceSource(part.source, SourceOptions(text_field="chosen", split=part.split))
-        source.check()
-        for row, record in enumerate(source.records()):
-            if reader.full:
-                break
-            reader.add(f"{part.source} row {row}", record)
-        return reader.items, reader.report
-    if part.split != "train":
+    if part.kind != "hf" and part.split != "train":
         raise GptlabError(f"{part.source}: split is an option of hf: datasets and tasks, not of .jsonl files")
-    for path in jsonl_files(part.source):
-        for where, record, problem in jsonl_records(path):
-            if reader.full:
-                break
-            reader.add(where, record, problem)
+    return read_rows(part, RowReader(part, on_error, parse=parse_pair, unit="pairs"), "chosen", check=True)
+
+
+def read_rows(part: PartConfig, reader: RowReader, text_field: str, *, check: bool = False) -> tuple[list, SourceReport]:
+    """A .jsonl or hf: part's rows through `reader` (parsed, checked, counted: malformed ones named by file:line or
+    dataset row) until it holds what the part asks for. `check`: the dataset's columns are checked first."""
+    if part.kind == "hf":
+        source = HuggingFaceSource(part.source, SourceOptions(text_field=text_field, split=part.split))
+        if check:
+            source.check()
+        rows = ((f"{part.source} row {row}", record, None) for row, record in enumerate(source.records()))
+    else:
+        rows = (row for path in jsonl_files(part.source) for row in jsonl_records(path))
+    for where, record, problem in rows:
+        if reader.full:
+            break
+        reader.add(where, record, problem)
     return reader.items, reader.report
 
 

@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gptlab.align.pairs import parse_pair
+from gptlab.align.pairs import parse_pair, read_rows
 from gptlab.align.rewards import VERIFIER, Rewards
 from gptlab.align.rollout import rollout
 from gptlab.chat import ChatFormat
@@ -40,15 +40,12 @@ from gptlab.chat.data import (
     RowReader,
     SourceReport,
     held_out,
-    jsonl_files,
-    jsonl_records,
     load_task,
     parse_mixture,
     task_examples,
 )
 from gptlab.chat.format import check_messages
 from gptlab.chat.tasks.base import Example
-from gptlab.data.sources import HuggingFaceSource, SourceOptions
 from gptlab.eval.stats import mean_interval
 from gptlab.infer.generate import SamplingConfig
 from gptlab.runtime import GptlabError
@@ -131,22 +128,10 @@ def read_prompts(part: PartConfig, split: str = "train", n: int | None = None, *
         return [Prompt(tuple(task.conversation(e)[:-1]), e.reply, e) for e in examples], \
             SourceReport(part.source, read=len(examples), kept=len(examples), unit="prompts")
     column = "" if part.column == "messages" else part.column  # the default: a row's prompt, messages or pair
-    reader = RowReader(part, on_error, parse=lambda record: parse_prompt(record, column), unit="prompts")
-    if part.kind == "hf":
-        source = HuggingFaceSource(part.source, SourceOptions(text_field=column or "prompt", split=part.split))
-        for row, record in enumerate(source.records()):
-            if reader.full:
-                break
-            reader.add(f"{part.source} row {row}", record)
-        return reader.items, reader.report
-    if part.split != "train" or column:
+    if part.kind != "hf" and (part.split != "train" or column):
         raise GptlabError(f"{part.source}: split and column are options of hf: datasets and tasks, not of .jsonl files")
-    for path in jsonl_files(part.source):
-        for where, record, problem in jsonl_records(path):
-            if reader.full:
-                break
-            reader.add(where, record, problem)
-    return reader.items, reader.report
+    reader = RowReader(part, on_error, parse=lambda record: parse_prompt(record, column), unit="prompts")
+    return read_rows(part, reader, column or "prompt")
 
 
 @dataclass
