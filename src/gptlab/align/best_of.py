@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from gptlab.align.grpo_rollouts import load_grpo_task
 from gptlab.align.rewards import VERIFIER, Rewards, example_columns
 from gptlab.chat.tasks import Example, Task
-from gptlab.infer.best_of import BestOf, check_scores, choose, sample_candidates
+from gptlab.infer.best_of import BestOf, check_best_of, check_scores, choose, sample_candidates
 from gptlab.infer.engine import Engine
 from gptlab.infer.generate import SamplingConfig
 from gptlab.runtime import GptlabError
@@ -42,6 +42,18 @@ class BestOfReward:
             raise GptlabError("the verifier needs the task example each prompt came from; pass example=")
         columns = example_columns([example] * len(completions)) if example is not None else {}
         return self.rewards.score([prompt] * len(completions), completions, **columns).total
+
+
+def best_of_reward(n: int, spec: str | None, *, task: Task | str | None = None, where: str = "here") -> BestOfReward | None:
+    """What `--best-of N --reward SPEC` picks by, loaded before any model (a bad value costs no compute): None for
+    plain sampling; N out of range, or N above 1 without a reward, is one error naming the fix."""
+    check_best_of(n, "--best-of")
+    if spec is None:
+        if n > 1:
+            raise GptlabError(f"--best-of {n} needs --reward SPEC to choose by, e.g. --reward rm:runs/rm "
+                              "or --reward my_rewards.py:brevity")
+        return None
+    return load_best_of_reward(spec, task=task, where=where)
 
 
 def load_best_of_reward(spec: str, *, task: Task | str | None = None, where: str = "here") -> BestOfReward:

@@ -190,9 +190,10 @@ class Session:
 
 
 def run_chat(args: argparse.Namespace) -> int:
+    from gptlab.align.best_of import best_of_reward
     from gptlab.chat import ChatFormat
 
-    reward = load_reward(args)  # before the model: a bad spec costs no compute
+    reward = best_of_reward(args.best_of, args.reward, where="`gptlab chat` (a conversation, no known answer)")  # before the model: a bad spec costs no compute
     model, path = load_model(args.checkpoint, device=pick_device(args.device))
     tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
     try:
@@ -212,20 +213,6 @@ def run_chat(args: argparse.Namespace) -> int:
 
         note(f"chatting with {args.checkpoint} (context {block} tokens); /help for commands, Ctrl-D to leave")
     return converse(session, interactive)
-
-
-def load_reward(args: argparse.Namespace):
-    """The --reward replies are chosen by (None: plain replies); --best-of above 1 needs one."""
-    from gptlab.infer.best_of import check_best_of
-
-    check_best_of(args.best_of, "--best-of")
-    if args.reward is None:
-        if args.best_of > 1:
-            raise GptlabError(f"--best-of {args.best_of} needs --reward SPEC to choose by, e.g. --reward rm:runs/rm")
-        return None
-    from gptlab.align.best_of import load_best_of_reward
-
-    return load_best_of_reward(args.reward, where="`gptlab chat` (a conversation, no known answer)")
 
 
 def converse(session: Session, interactive: bool) -> int:

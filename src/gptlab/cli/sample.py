@@ -90,20 +90,12 @@ def run_sample(args: argparse.Namespace) -> int:
 
 
 def load_reward(args: argparse.Namespace):
-    """The --reward, loaded; None for plain sampling. --best-of above 1 needs one."""
-    from gptlab.infer.best_of import check_best_of
+    """The --reward, loaded; None for plain sampling. Exactly one of --prompt and --task."""
+    from gptlab.align.best_of import best_of_reward
 
-    check_best_of(args.best_of, "--best-of")
     if (args.prompt is None) == (args.task is None):
         raise GptlabError("give --prompt TEXT (text to continue) or --task NAME (questions of a built-in task), one of them")
-    if args.reward is None:
-        if args.best_of > 1:
-            raise GptlabError(f"--best-of {args.best_of} needs --reward SPEC to choose by, e.g. --reward rm:runs/rm "
-                              "or --reward my_rewards.py:brevity")
-        return None
-    from gptlab.align.best_of import load_best_of_reward
-
-    return load_best_of_reward(args.reward, task=args.task, where="`gptlab sample --prompt`")
+    return best_of_reward(args.best_of, args.reward, task=args.task, where="`gptlab sample --prompt`")
 
 
 def text_prompts(args: argparse.Namespace, tokenizer) -> tuple[list, tuple[int, ...]]:

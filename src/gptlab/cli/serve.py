@@ -72,7 +72,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise GptlabError(f"--port must be in 0..65535, got {args.port}")
     check_api_key(args.api_key)  # before the model loads: an unset $KEY is refused at once
-    reward = load_reward(args)
+    from gptlab.align.best_of import best_of_reward
+
+    reward = best_of_reward(args.best_of, args.reward, where="`gptlab serve` (requests carry no known answer)")
     sock = bind(args.host, args.port)
     try:
         model, path = load_model(args.checkpoint, device=pick_device(args.device))
@@ -106,20 +108,6 @@ def run_serve(args: argparse.Namespace) -> int:
         engine.close()
         sock.close()
     return 0
-
-
-def load_reward(args: argparse.Namespace):
-    """The --reward best_of picks by (None: best_of is refused); --best-of above 1 needs one."""
-    from gptlab.infer.best_of import check_best_of
-
-    check_best_of(args.best_of, "--best-of")
-    if args.reward is None:
-        if args.best_of > 1:
-            raise GptlabError(f"--best-of {args.best_of} needs --reward SPEC to choose by, e.g. --reward rm:runs/rm")
-        return None
-    from gptlab.align.best_of import load_best_of_reward
-
-    return load_best_of_reward(args.reward, where="`gptlab serve` (requests carry no known answer)")
 
 
 def say(line: str) -> None:
