@@ -64,6 +64,10 @@ class RolloutLoader:
     def prompts_per_rollout(self) -> int:
         return self.config.prompts_per_step
 
+    @property
+    def samples_per_prompt(self) -> int:
+        return self.config.group_size
+
     def next_batch(self) -> tuple:
         if not self.queue:
             if self.buffer is None or self.served >= self.steps_per_rollout:
@@ -131,7 +135,7 @@ class RolloutLoader:
             weights = token_weights(lengths, config.loss, config.max_new_tokens, tokens=self._per_rank)
         tensors = {"x": x, "y": y, "advantages": advantages.to(device), "weights": weights.float().to(device)}
         if buffer.get("old") is not None:
-            tensors["old_logp"] = _scatter(buffer["old"], y)
+            tensors["old_logp"] = place(buffer["old"], y)
         if self.trainer.reference is not None:
             tensors["ref_logp"] = self._logprobs(self.trainer.reference, x, y)
         return tensors
@@ -177,7 +181,7 @@ class RolloutLoader:
         path = Path(self.config.out) / "completions.jsonl"
         lines = [json.dumps({"step": self.trainer.state.step, "rollout": rollout, "question": examples[i].question,
                              "completion": texts[i], "reward": rewards[i]}) + "\n"
-                 for i in range(0, min(len(texts), SHOWN_COMPLETIONS * self.config.group_size), self.config.group_size)]
+                 for i in range(0, min(len(texts), SHOWN_COMPLETIONS * self.samples_per_prompt), self.samples_per_prompt)]
         with open(path, "a", encoding="utf-8") as handle:
             handle.writelines(lines)
 
@@ -193,12 +197,12 @@ def rollout_prompts(pool: list, per_rollout: int, rollout: int, rank: int, world
     return picked
 
 
-def _scatter(values: list[list[float]], y: torch.Tensor) -> torch.Tensor:
-    """Per-completion-token values back into a (N, T) tensor at the counted targets' places."""
+def place(rows: list[list[float]], y: torch.Tensor) -> torch.Tensor:
+    """Per-completion-token lists back into a (N, W) float32 tensor at the counted targets' places (0 elsewhere)."""
     out = torch.zeros(y.shape, dtype=torch.float32)
     counted = (y != IGNORE).cpu()
-    for row, row_values in enumerate(values):
-        out[row, counted[row]] = torch.tensor(row_values, dtype=torch.float32)
+    for row, values in enumerate(rows):
+        out[row, counted[row]] = torch.tensor(values, dtype=torch.float32)
     return out.to(y.device)
 
 

@@ -17,15 +17,13 @@ Not here: the losses (gptlab.align.ppo_loss), the loop and the models (gptlab.al
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from gptlab.align.grpo_rollouts import SHOWN_COMPLETIONS, RolloutLoader
+from gptlab.align.grpo_rollouts import RolloutLoader, place
 from gptlab.align.logprobs import IGNORE, logits_logprobs, masked_mean, whiten
 from gptlab.align.ppo_loss import gae, kl_controller, token_rewards
 from gptlab.align.rollout import pad_rows, rollout
@@ -51,6 +49,10 @@ class PPORolloutLoader(RolloutLoader):
     @property
     def prompts_per_rollout(self) -> int:
         return self.config.rollout_prompts
+
+    @property
+    def samples_per_prompt(self) -> int:
+        return 1
 
     def state_dict(self) -> dict:
         """GRPO's, and β."""
@@ -167,15 +169,6 @@ class PPORolloutLoader(RolloutLoader):
             batches.append((tensors["x"][chosen], tensors["y"][chosen], extra))
         return batches
 
-    def _show(self, rollout_index: int, examples: list, texts: list[str], scores: list[float]) -> None:
-        """A few completions of each rollout into completions.jsonl (rank 0), as TRL's completion tables."""
-        if not self.trainer.runtime.is_main:
-            return
-        lines = [json.dumps({"step": self.trainer.state.step, "rollout": rollout_index, "question": examples[i].question,
-                             "completion": texts[i], "reward": scores[i]}) + "\n" for i in range(min(len(texts), SHOWN_COMPLETIONS))]
-        with open(Path(self.config.out) / "completions.jsonl", "a", encoding="utf-8") as handle:
-            handle.writelines(lines)
-
 
 def left_align(values: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """(N, W) values at the counted targets' places -> (N, L) the same values from column 0, L the longest count."""
@@ -185,15 +178,6 @@ def left_align(values: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     for row in range(len(y)):
         out[row, : lengths[row]] = values[row][counted[row]]
     return out
-
-
-def place(rows: list[list[float]], y: torch.Tensor) -> torch.Tensor:
-    """Per-completion-token lists back into a (N, W) float32 tensor at the counted targets' places (0 elsewhere)."""
-    out = torch.zeros(y.shape, dtype=torch.float32)
-    counted = (y != IGNORE).cpu()
-    for row, values in enumerate(rows):
-        out[row, counted[row]] = torch.tensor(values, dtype=torch.float32)
-    return out.to(y.device)
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
