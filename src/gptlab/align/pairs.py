@@ -342,14 +342,19 @@ class PairLoader:
                 return index
             self.stats["dropped"] += 1
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, dict]:
-        """x, y (2B, T) and {"pair_index": (B,) int64}; StopIteration after a non-cycling epoch."""
+    def _next_indices(self) -> list[int]:
+        """The next batch's pair numbers (fewer at an epoch's end); StopIteration when a non-cycling epoch is done."""
         indices = []
         while len(indices) < self.config.batch_size and (index := self._pull()) is not None:
             indices.append(index)
         if not indices:
             raise StopIteration
         self.stats["pairs"] += len(indices)
+        return indices
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """x, y (2B, T) and {"pair_index": (B,) int64}; StopIteration after a non-cycling epoch."""
+        indices = self._next_indices()
         x, y = pair_rows([self.rendered[i] for i in indices], self.chat.bos)
         index = torch.tensor(indices, dtype=torch.int64)
         return x.to(self.device), y.to(self.device), {"pair_index": index.to(self.device)}

@@ -134,12 +134,7 @@ class RewardPairLoader(PairLoader):
         self.margins = torch.tensor([pair.margin for pair in split.pairs], dtype=torch.float32)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, dict]:
-        indices = []
-        while len(indices) < self.config.batch_size and (index := self._pull()) is not None:
-            indices.append(index)
-        if not indices:
-            raise StopIteration
-        self.stats["pairs"] += len(indices)
+        indices = self._next_indices()
         items = [self.rendered[i] for i in indices]
         x, lengths = reward_rows([item.chosen for item in items] + [item.rejected for item in items], self.chat.bos)
         index = torch.tensor(indices, dtype=torch.int64)
