@@ -51,12 +51,7 @@ def add_chat_tokens(tokenizer: Tokenizer) -> Tokenizer:
     missing = [token for token in CHAT_TOKENS if token not in tokenizer.special_tokens]
     if not missing:
         return tokenizer
-    specials = dict(tokenizer.special_tokens)
-    next_id = tokenizer.vocab_size
-    for token in missing:
-        specials[token], next_id = next_id, next_id + 1
-    vocab = {i: token for i, token in tokenizer.vocab.items() if i not in tokenizer.special_tokens.values()}
-    return Tokenizer(vocab, tokenizer.merges, specials, pattern=tokenizer.pattern)
+    return tokenizer.with_special_tokens(missing)
 
 
 class ChatFormat:

@@ -49,6 +49,7 @@ def resolve_config(preset: str, overrides: list[str], depth: int | None = None, 
     """The preset (sized by --depth) with the overrides, the model's vocabulary taken from the data (or the model from --init-from)."""
     from gptlab.align.model_folders import find_model
     from gptlab.data.shards import read_manifest
+    from gptlab.data.workspace import TOKENIZER_NAMES
     from gptlab.model.hf import read_pretrained_config
     from gptlab.runtime import GptlabError
     from gptlab.runtime.config import apply_overrides, parse_overrides
@@ -75,7 +76,7 @@ def resolve_config(preset: str, overrides: list[str], depth: int | None = None, 
         defaults = {f"model.{key}": value for key, value in dataclasses.asdict(init).items() if key != "dropout"}
     elif given.get("data") and "model.vocab_size" not in given:
         defaults = {"model.vocab_size": int(read_manifest(given["data"])["tokenizer"]["vocab_size"])}
-    if given.get("data") and "tokenizer" not in given and (Path(given["data"]) / "tokenizer.json").is_file():
+    if given.get("data") and "tokenizer" not in given and any((Path(given["data"]) / name).is_file() for name in TOKENIZER_NAMES):
         defaults["tokenizer"] = given["data"]  # the tokenizer `data prepare` saved with the shards
     config = apply_overrides(base, overrides, defaults=defaults)
     return apply_overrides(at_depth(config, depth, rule), overrides) if depth is not None else config  # explicit flags still win

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from gptlab.data.shards import read_manifest
+from gptlab.data.workspace import TOKENIZER_NAMES
 from gptlab.runtime import GptlabError
 from gptlab.tokenizer import Tokenizer
 from gptlab.tokenizer.pretrained import load_any
@@ -49,13 +50,15 @@ def find_model_tokenizer(folder: str | os.PathLike) -> Tokenizer | None:
     FOLDER itself (Hugging Face folders); None when there is none."""
     folder = Path(folder)
     for candidate in (folder / "tokenizer", folder):
-        if any((candidate / name).is_file() for name in ("tokenizer.json", "vocab.json")):
+        if any((candidate / name).is_file() for name in (*TOKENIZER_NAMES, "vocab.json")):
             return load_any(str(candidate))
     return None
 
 
 def data_tokenizer(data: str | os.PathLike) -> Tokenizer | None:
-    """The tokenizer `gptlab data prepare` saved beside the shards (DATA/tokenizer.json), checked; None in older folders."""
-    if not (Path(data) / "tokenizer.json").is_file():
+    """The tokenizer `gptlab data prepare` saved beside the shards (DATA/tokenizer.json or tokenizer.model), checked;
+    None in older folders."""
+    found = [name for name in TOKENIZER_NAMES if (Path(data) / name).is_file()]
+    if not found:
         return None
-    return check_tokenizer(data, load_any(str(data)), f"{data}/tokenizer.json")
+    return check_tokenizer(data, load_any(str(data)), f"{data}/{found[0]}")

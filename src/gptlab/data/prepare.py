@@ -52,7 +52,6 @@ from gptlab.data.workspace import (
     JOB_FILE,
     OUTPUT_PATTERNS,
     TOKEN_BYTES_NAME,
-    TOKENIZER_NAME,
     WORK_DIR,
     JobState,
     damaged_shards,
@@ -63,7 +62,6 @@ from gptlab.data.workspace import (
 )
 from gptlab.runtime import GptlabError, atomic_write_bytes, atomic_write_text, check_out_dir
 from gptlab.tokenizer import Tokenizer
-from gptlab.tokenizer.formats import tokenizer_file_text
 
 DEFAULT_VAL = 0.01  # 1% of the documents (at least one); build-nanogpt holds out 1 of its ~100 FineWeb-Edu shards
 
@@ -205,7 +203,7 @@ def token_bytes_file(tokenizer: Tokenizer) -> bytes:
 
 def _write_tokenizer_files(out: Path, tokenizer: Tokenizer, token_bytes: bytes) -> list[str]:
     """token_bytes.npy and the tokenizer itself (so training and evaluation find it beside the data); what was rewritten."""
-    files = {TOKEN_BYTES_NAME: token_bytes, TOKENIZER_NAME: tokenizer_file_text(tokenizer).encode("utf-8")}
+    files = {TOKEN_BYTES_NAME: token_bytes, tokenizer.FILE_NAME: tokenizer.file_bytes()}
     return [f"{name} was missing or damaged" for name, data in files.items() if _write_if_changed(out / name, data)]
 
 
@@ -308,7 +306,7 @@ def _run(sources: list[Source], tokenizer: Tokenizer, out: Path, config: Prepare
         "version": VERSION,
         "source": job["source"],
         **({"val_source": job["val_source"]} if "val_source" in job else {}),
-        "tokenizer": {"fingerprint": fingerprint, "vocab_size": tokenizer.vocab_size, "eot_id": tokenizer.eot_id, "file": TOKENIZER_NAME},
+        "tokenizer": {"fingerprint": fingerprint, "vocab_size": tokenizer.vocab_size, "eot_id": tokenizer.eot_id, "file": tokenizer.FILE_NAME},
         "dtype": str(np.dtype(dtype_for(tokenizer.vocab_size)).name),
         **config.identity(),
         "documents": _document_counts(metas, len(table["length"])),

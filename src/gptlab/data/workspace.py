@@ -5,7 +5,8 @@ A prepared folder holds only these (formats: gptlab.data.shards, gptlab.data.pre
 
     manifest.json            written last: the folder is finished when it exists; its "job" says how it was made
     token_bytes.npy          UTF-8 bytes per id, for bits per byte
-    tokenizer.json           the tokenizer that made the shards (gptlab's format), so the folder is self-contained
+    tokenizer.json           the tokenizer that made the shards (gptlab's format; tokenizer.model for a SentencePiece
+                             tokenizer), so the folder is self-contained
     train_NNNNNN.bin         token shards
     val_NNNNNN.bin
     .prepare/                an unfinished run's work: job.json (its job), token blocks
@@ -41,7 +42,8 @@ WORK_DIR = ".prepare"
 JOB_FILE = "job.json"
 TOKEN_BYTES_NAME = "token_bytes.npy"
 TOKENIZER_NAME = "tokenizer.json"
-_FILES = (MANIFEST_NAME, TOKEN_BYTES_NAME, TOKENIZER_NAME, "train_*.bin", "val_*.bin")
+TOKENIZER_NAMES = (TOKENIZER_NAME, "tokenizer.model")  # gptlab's byte-level BPE, SentencePiece
+_FILES = (MANIFEST_NAME, TOKEN_BYTES_NAME, *TOKENIZER_NAMES, "train_*.bin", "val_*.bin")
 # what check_out_dir accepts in --out: prepare's files, its work folder, and leftovers of its atomic writes
 OUTPUT_PATTERNS = (*_FILES, WORK_DIR, *(f".{pattern}.*.tmp" for pattern in _FILES))
 

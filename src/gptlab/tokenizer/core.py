@@ -353,9 +353,27 @@ class Tokenizer:
             vocab[len(vocab)] = left + right
         return cls(vocab, merges, list(special_tokens), regex_text)
 
+    FILE_NAME = formats.FILE_NAME  # what `save` writes in a folder (a SentencePiece tokenizer writes tokenizer.model)
+
     def save(self, directory: str | os.PathLike) -> Path:
         """Write gptlab's `DIR/tokenizer.json` (see gptlab.tokenizer.formats)."""
         return formats.save_tokenizer(self, directory)
+
+    def file_bytes(self) -> bytes:
+        """The bytes `save` writes to DIR/FILE_NAME (data preparation writes them only when they changed)."""
+        return formats.tokenizer_file_text(self).encode("utf-8")
+
+    def with_special_tokens(self, tokens: Sequence[str]) -> Tokenizer:
+        """This tokenizer plus special tokens at the next free ids (those it has keep theirs); existing ids never move."""
+        specials = dict(self.special_tokens)
+        next_id = self.vocab_size
+        for token in dict.fromkeys(tokens):
+            if token not in specials:
+                specials[token], next_id = next_id, next_id + 1
+        if len(specials) == len(self.special_tokens):
+            return self
+        vocab = {i: token for i, token in self.vocab.items() if i not in self.special_tokens.values()}
+        return Tokenizer(vocab, self.merges, specials, pattern=self.pattern, normalizer=self.normalizer)
 
     @classmethod
     def from_parts(cls, parts: formats.TokenizerParts) -> Tokenizer:
