@@ -182,3 +182,35 @@ def test_threads_share_nothing(shakespeare_documents):
     for thread in threads:
         thread.join()
     assert results == [expected] * 4
+
+
+# ------------------------------------------------------------------ the counting that feeds it
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_counts_on_threads_equal_the_pure_python_counts(shakespeare_documents, monkeypatch, workers):
+    """Many more tasks than threads (each thread keeps one counter and adds every task it runs into it):
+    the counts equal the pure-Python Counter's, and so do the merges learned from them."""
+    from gptlab.tokenizer import native
+    from gptlab.tokenizer import train as train_module
+
+    documents = [document[:20_000] for document in shakespeare_documents[:8]] + ["", "a" * 5_000, EOT.join(["x y", "z"])]
+    monkeypatch.setattr(train_module, "THREAD_TASK_CHARS", 3_000)
+    monkeypatch.setattr(train_module, "READ_BLOCK", 1 << 12)  # so 160 KB already counts on threads
+    with native.pure_python():
+        expected = words_of(documents, "gpt4")
+    got = count_words(texts=documents, pattern=resolve_pattern("gpt4"), special_tokens=[EOT], workers=workers)
+    assert got == expected
+    assert sum(expected.values()) > 30_000
+    assert _fasttrain.learn_merges(got, 500) == learn_merges(expected, 500)
+
+
+def test_class_table_parts_refuse_what_is_not_a_union():
+    """The character-class table scans each \\p{..} a class names; a class it cannot split is an error, not a wrong table."""
+    from gptlab.tokenizer import native
+
+    assert native._class_parts(r"[\p{Lu}\p{Lt}\s]") == [r"\p{Lu}", r"\p{Lt}", r"\s"]
+    assert native._class_parts(r"\p{N}") == [r"\p{N}"]
+    for pattern in (r"[^\p{L}]", r"\P{L}", r"[\p{L}a-z]", r"\w", ""):
+        with pytest.raises(ValueError, match="not a union"):
+            native._class_parts(pattern)

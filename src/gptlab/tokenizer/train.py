@@ -32,6 +32,7 @@ import codecs
 import functools
 import heapq
 import os
+import queue
 from collections import Counter, defaultdict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +50,7 @@ from gptlab.tokenizer.stream import stream_parts
 READ_BLOCK = 1 << 20  # bytes per read while streaming a file
 PARALLEL_MIN_BYTES = 4 << 20  # below this, worker start-up costs more than it saves
 TEXTS_PER_TASK_CHARS = 4 << 20
+THREAD_TASK_CHARS = 1 << 18  # texts per task on threads: small, for an even split (a task costs no merge, see _count_on_threads)
 LONG_WORD = 256  # words at least this long update their pair counts per distinct pair
 
 
@@ -109,9 +111,9 @@ def _new_counts(scanner: int | None):
     return Counter() if scanner is None else native.fastbpe().PieceCounter(scanner)
 
 
-def _count_task(task: tuple, pattern: str | None, special_tokens: tuple[str, ...], scanner: int | None) -> tuple:
-    """Worker entry: ("file", path, start, end) or ("texts", [str, ...]); returns counts and bytes read."""
-    counts = _new_counts(scanner)
+def _count_task(task: tuple, pattern: str | None, special_tokens: tuple[str, ...], scanner: int | None, counts=None) -> tuple:
+    """Worker entry: ("file", path, start, end) or ("texts", [str, ...]); returns counts (added to `counts`, if given) and bytes read."""
+    counts = _new_counts(scanner) if counts is None else counts
     if task[0] == "file":
         _, path, start, end = task
         return count_text(read_text_chunks(Path(path), start, end), pattern, special_tokens, counts), end - start
@@ -167,6 +169,52 @@ def _tasks(
         yield ("texts", batch)
 
 
+class _NoBar:
+    """What `_progress` gives when no bar is shown: tqdm's first bar costs ~5 ms (a multiprocessing lock), even disabled."""
+
+    def update(self, n: int) -> None:
+        pass
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        pass
+
+
+def _progress(progress: bool, **options):
+    """A tqdm bar with `options`, or a stand-in that ignores updates."""
+    return tqdm(**options) if progress else _NoBar()
+
+
+def _count_on_threads(tasks: Iterable[tuple], count, workers: int, scanner: int, bar) -> list:
+    """Run `count` over the tasks on threads (the compiled counter frees the GIL); returns the threads' counters.
+
+    Each running task borrows a counter and adds into it, so counters are merged once per thread, not per task.
+    """
+    spare: queue.SimpleQueue = queue.SimpleQueue()
+    counters = [_new_counts(scanner) for _ in range(workers)]
+    for counter in counters:
+        spare.put(counter)
+
+    def run(task: tuple) -> int:
+        counts = spare.get()  # never waits: at most `workers` tasks run at once
+        try:
+            return count(task, counts=counts)[1]
+        finally:
+            spare.put(counts)
+
+    with ThreadPoolExecutor(workers) as pool:
+        pending: deque = deque()  # bounded: texts may be an endless stream
+        for task in tasks:
+            pending.append(pool.submit(run, task))
+            while len(pending) >= 2 * workers:
+                bar.update(pending.popleft().result())
+        while pending:
+            bar.update(pending.popleft().result())
+    return counters
+
+
 def _count_all(
     texts: Iterable[str] | None,
     files: Sequence[str | os.PathLike],
@@ -190,33 +238,24 @@ def _count_all(
     min_bytes = PARALLEL_MIN_BYTES if scanner is None else 2 * READ_BLOCK  # threads start for free
     parallel = workers > 1 and (file_bytes + text_chars >= min_bytes or (texts is not None and not text_chars))
     target = max(READ_BLOCK, file_bytes // (4 * workers) + 1) if parallel else max(file_bytes, 1)
-    per_task = TEXTS_PER_TASK_CHARS if scanner is None else READ_BLOCK
+    per_task = TEXTS_PER_TASK_CHARS if scanner is None else THREAD_TASK_CHARS
     tasks = _tasks(texts, paths, special_tokens, target, per_task)
     count = functools.partial(_count_task, pattern=pattern, special_tokens=tuple(special_tokens), scanner=scanner)
-    total = _new_counts(scanner)
-    bar = tqdm(total=(file_bytes + text_chars) or None, unit="B", unit_scale=True, desc="pre-tokenize", disable=not progress)
-
-    def add(counts, n_bytes: int) -> None:
-        total.update(counts)
-        bar.update(n_bytes)
-
-    with bar:
+    with _progress(progress, total=(file_bytes + text_chars) or None, unit="B", unit_scale=True, desc="pre-tokenize") as bar:
         if parallel and scanner is not None:
-            with ThreadPoolExecutor(workers) as pool:
-                pending: deque = deque()  # bounded: texts may be an endless stream
-                for task in tasks:
-                    pending.append(pool.submit(count, task))
-                    while len(pending) >= 2 * workers:
-                        add(*pending.popleft().result())
-                while pending:
-                    add(*pending.popleft().result())
+            total, *others = _count_on_threads(tasks, count, workers, scanner, bar)
+            for counts in others:
+                total.update(counts)
         elif parallel:
+            total = Counter()
             with worker_pool(workers) as pool:  # workers leave Ctrl-C to this process, which ends them
                 for counts, n_bytes in pool.imap_unordered(count, tasks):
-                    add(counts, n_bytes)
+                    total.update(counts)
+                    bar.update(n_bytes)
         else:
+            total = _new_counts(scanner)
             for task in tasks:
-                add(*count(task))
+                bar.update(count(task, counts=total)[1])
     return total
 
 
@@ -358,7 +397,7 @@ def fit_merges(word_counts: dict[bytes, int], n_merges: int, progress: bool = Fa
     fast = native.fasttrain()
     if fast is None:
         return learn_merges(word_counts, n_merges, progress=progress)
-    with tqdm(total=n_merges, desc="merges", unit="merge", disable=not progress) as bar:
+    with _progress(progress, total=n_merges, desc="merges", unit="merge") as bar:
         merges = fast.learn_merges(word_counts, n_merges)  # in C, without the GIL: the bar fills at the end
         bar.update(len(merges))
     return merges

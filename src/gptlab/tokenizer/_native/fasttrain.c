@@ -95,11 +95,11 @@ typedef struct {
     uint32_t left, right;
 } Merge;
 
-/* One position of one word; all a merge reads about it is in one cache line. */
+/* One position of one word: 16 bytes, so four share a cache line (a merge's visits are cache misses). */
 typedef struct {
-    uint64_t weight; /* the word's count */
-    uint32_t sym;    /* token id, or DEAD */
+    uint32_t sym; /* token id, or DEAD */
     uint32_t prev, next;
+    uint32_t word; /* index into weight[] */
 } Node;
 
 typedef struct Chunk {
@@ -112,6 +112,7 @@ typedef struct {
     /* words */
     Node *node;
     size_t n_pos;
+    uint64_t *weight; /* each word's count */
     /* tokens: token i is bytes[tok[i].off .. + tok[i].len] */
     unsigned char *bytes;
     size_t n_bytes, cap_bytes;
@@ -431,7 +432,7 @@ static int merge(Trainer *t, uint32_t index)
         uint32_t q = node[p].next;
         if (q == NONE || node[q].sym != right)
             continue;
-        count_t w = node[p].weight;
+        count_t w = t->weight[node[p].word];
         uint32_t a = node[p].prev, b = node[q].next;
         /* Neighbours see the symbols as they are now: an earlier occurrence in this word
            may already be `made`, which is what makes (a, a, a) -> (aa, a) come out right. */
@@ -469,7 +470,7 @@ static int train(Trainer *t, long long n_merges)
         return -1;
     for (uint32_t p = 0; p + 1 < t->n_pos; p++) {
         const Node *n = &t->node[p];
-        if (n->next != NONE && add_pair(t, n->sym, n[1].sym, n->weight, p) == NONE)
+        if (n->next != NONE && add_pair(t, n->sym, n[1].sym, t->weight[n->word], p) == NONE)
             return -1;
     }
     if (reserve(&t->heap, &t->cap_heap, t->n_pairs, sizeof(Entry)) < 0)
@@ -509,6 +510,7 @@ static int train(Trainer *t, long long n_merges)
 static void trainer_free(Trainer *t)
 {
     free(t->node);
+    free(t->weight);
     free(t->bytes);
     free(t->tok);
     free(t->merges);
@@ -577,11 +579,13 @@ static int load_words(Trainer *t, PyObject *dict)
         }
     }
     t->node = malloc((n_pos ? n_pos : 1) * sizeof(Node));
-    if (!t->node) {
+    t->weight = malloc((PyDict_GET_SIZE(dict) ? (size_t)PyDict_GET_SIZE(dict) : 1) * sizeof(uint64_t));
+    if (!t->node || !t->weight) {
         PyErr_NoMemory();
         return -1;
     }
     size_t pos = 0;
+    uint32_t word = 0;
     i = 0;
     while (PyDict_Next(dict, &i, &key, &value)) {
         size_t len = (size_t)PyBytes_GET_SIZE(key);
@@ -589,13 +593,15 @@ static int load_words(Trainer *t, PyObject *dict)
         if (len < 2 || count == 0)
             continue;
         const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(key);
+        t->weight[word] = (uint64_t)count;
         for (size_t j = 0; j < len; j++, pos++) {
             Node *n = &t->node[pos];
-            n->weight = (uint64_t)count;
+            n->word = word;
             n->sym = s[j];
             n->prev = j ? (uint32_t)pos - 1 : NONE;
             n->next = j + 1 < len ? (uint32_t)pos + 1 : NONE;
         }
+        word++; /* fewer words than positions, so it fits in 32 bits */
     }
     t->n_pos = pos;
 
@@ -615,7 +621,7 @@ static int load_words(Trainer *t, PyObject *dict)
     return 0;
 }
 
-static PyObject *build_result(const Trainer *t)
+static PyObject *build_list(const Trainer *t)
 {
     PyObject *list = PyList_New((Py_ssize_t)t->n_merges);
     if (!list)
@@ -631,6 +637,21 @@ static PyObject *build_result(const Trainer *t)
         PyList_SET_ITEM(list, (Py_ssize_t)i, merge);
     }
     return list;
+}
+
+/* The merges as a list of (left bytes, right bytes). The cyclic GC is paused meanwhile: the tuples
+   hold no cycles, and at 32K merges its passes over every object in the process cost more than the list. */
+static PyObject *build_result(const Trainer *t)
+{
+#if PY_VERSION_HEX >= 0x030A0000
+    int was_enabled = PyGC_Disable();
+    PyObject *list = build_list(t);
+    if (was_enabled)
+        PyGC_Enable();
+    return list;
+#else
+    return build_list(t);
+#endif
 }
 
 static PyObject *learn_merges(PyObject *self, PyObject *args, PyObject *kwargs)
