@@ -16,6 +16,7 @@ from gptlab.runtime import GptlabError, atomic_write_text, check_out_dir
 
 INLINE_IDS = re.compile(r"\s*-?\d+(?:\s+-?\d+)*\s*")  # "15496", "15496 11 995": an argument of decode that is ids
 PATTERN_NAMES = ["gpt2", "gpt4", "cl100k", "o200k", "none"]  # gptlab.tokenizer.patterns, kept here so --help needs no import
+SP_NORMALIZERS = ["identity", "nfkc", "nmt_nfkc", "nfkc_cf", "nmt_nfkc_cf"]  # gptlab.tokenizer.sp_train.NORMALIZERS
 
 
 def register(stages) -> None:
@@ -34,6 +35,13 @@ def register(stages) -> None:
     train.add_argument("--workers", type=int, default=None, help="pre-tokenization processes (default: all cores)")
     train.add_argument("--out", required=True, metavar="DIR", help="directory to write tokenizer.json into")
     train.add_argument("--force", action="store_true", help="replace a tokenizer already in --out")
+    train.add_argument("--style", choices=["bytelevel", "sentencepiece"], default="bytelevel",
+                       help="bytelevel: GPT-2/GPT-4 style tokenizer.json; sentencepiece: Llama 2 style tokenizer.model")
+    sp = train.add_argument_group("--style sentencepiece")
+    sp.add_argument("--byte-fallback", action=argparse.BooleanOptionalAction, default=None,
+                    help="byte pieces <0x00>..<0xFF> for characters no piece covers (default on)")
+    sp.add_argument("--character-coverage", type=float, default=None, help="share of characters kept as pieces (default 0.9995)")
+    sp.add_argument("--normalizer", choices=SP_NORMALIZERS, default=None, help="SentencePiece normalisation rules (default identity)")
     train.set_defaults(handler=run_train)
 
     encode = verbs.add_parser("encode", help="text to ids (files or stdin), one line of ids per input")
@@ -82,6 +90,9 @@ def run_train(args: argparse.Namespace) -> int:
 
     if not args.input and not args.corpus:
         raise GptlabError("nothing to train on: give --input FILE... or --corpus shakespeare")
+    if args.style == "sentencepiece":
+        return run_train_sentencepiece(args)
+    _refuse_options(args, "bytelevel", byte_fallback="--byte-fallback", character_coverage="--character-coverage", normalizer="--normalizer")
     pattern = resolve_pattern(SplitRegex(args.regex) if args.regex is not None else args.pattern or "gpt4")
     out = Path(args.out)
     _check_parents(out)
@@ -108,6 +119,44 @@ def run_train(args: argparse.Namespace) -> int:
     size = sum(f.stat().st_size for f in files)
     note = "" if tokenizer.vocab_size == args.vocab_size else f" (the corpus supports only {len(tokenizer.merges)} merges)"
     print(f"trained {tokenizer} on {len(files)} files ({size / 1e6:.1f} MB) in {seconds:.1f} s{note}")
+    print(f"saved {path}")
+    return 0
+
+
+def _refuse_options(args: argparse.Namespace, style: str, **flags: str) -> None:
+    given = next((flag for name, flag in flags.items() if getattr(args, name) not in (None, False)), None)
+    if given is not None:
+        raise GptlabError(f"{given} does not apply to --style {style}; drop it or pick the other --style")
+
+
+def run_train_sentencepiece(args: argparse.Namespace) -> int:
+    from gptlab.data.corpus import corpus_files, expand_inputs
+    from gptlab.tokenizer.sp_model import write_model
+    from gptlab.tokenizer.sp_train import SentencePieceTrainerConfig, train_with_config
+
+    _refuse_options(args, "sentencepiece", pattern="--pattern", regex="--regex", workers="--workers")
+    if args.no_special and args.special:
+        raise GptlabError("--special and --no-special contradict each other")
+    name = "tokenizer.model"
+    out = Path(args.out)
+    _check_parents(out)
+    existing = check_out_dir(out, [name, f".{name}.*.tmp"], flag="--out")
+    if name in existing and not args.force:
+        raise GptlabError(f"{out / name} already exists; pass --force to replace it")
+    options = {"byte_fallback": args.byte_fallback, "character_coverage": args.character_coverage, "normalizer": args.normalizer}
+    config = SentencePieceTrainerConfig(
+        vocab_size=args.vocab_size,
+        control_symbols=tuple([] if args.no_special else (args.special or ["<s>", "</s>"])),
+        **{key: value for key, value in options.items() if value is not None},
+    )
+    files = expand_inputs(args.input) + (corpus_files(args.corpus) if args.corpus else [])
+    start = time.perf_counter()
+    model = train_with_config(config, files=files, progress=sys.stderr.isatty())
+    seconds = time.perf_counter() - start
+    path = write_model(model, out / name)
+    size = sum(f.stat().st_size for f in files)
+    note = "" if len(model.pieces) == args.vocab_size else f" (the corpus supports only {len(model.pieces)} pieces)"
+    print(f"trained a SentencePiece BPE model of {len(model.pieces)} pieces on {len(files)} files ({size / 1e6:.1f} MB) in {seconds:.1f} s{note}")
     print(f"saved {path}")
     return 0
 
