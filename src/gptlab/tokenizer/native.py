@@ -147,6 +147,11 @@ def fasttrain() -> ModuleType | None:
     return _load("_fasttrain")
 
 
+def spbpe() -> ModuleType | None:
+    """The compiled SentencePiece BPE encoder (_spbpe.c), or None (pure Python)."""
+    return _load("_spbpe")
+
+
 def scanner_id(regex_text: str | None) -> int | None:
     """The C scanner for a split pattern: 0 none, 1 gpt2, 2 gpt4, 3 o200k; None when only `regex` can split it."""
     if regex_text is None:
