@@ -23,10 +23,18 @@ class TextStream:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.specials = set(tokenizer.special_tokens.values())
+        self.started = False  # has a token other than a special one been read (the text's start is behind us)?
 
     def add(self, token: int) -> str:
-        """The text that token completes (possibly empty)."""
-        return self.decoder.decode(self.tokenizer.decode_bytes([token]))
+        """The text that token completes (possibly empty).
+
+        The first bytes come from `decode_bytes`, the rest from `token_bytes`: a SentencePiece
+        tokenizer drops the dummy prefix's space at the start of a text only, as `decode` does.
+        """
+        data = self.tokenizer.token_bytes(token) if self.started else self.tokenizer.decode_bytes([token])
+        self.started = self.started or token not in self.specials
+        return self.decoder.decode(data)
 
     def flush(self) -> str:
         """Whatever is left: an incomplete character at the end becomes U+FFFD."""

