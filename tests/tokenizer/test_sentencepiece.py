@@ -272,3 +272,17 @@ def test_sentencepiece_decode_applies_the_models_denormaliser(tmp_path):
         ids = library.encode(text)
         assert tokenizer.encode(text) == ids
         assert tokenizer.decode(ids) == library.decode(ids)
+
+
+def test_a_hugging_face_llama_folder_loads_its_tokenizer_model(sp_models, tmp_path):
+    """A folder holding a SentencePiece tokenizer.json (not byte-level) and tokenizer.model loads the model."""
+    import shutil
+
+    from gptlab.tokenizer.pretrained import load_any
+
+    path = sp_models(vocab_size=900, byte_fallback=True)
+    tok = SentencePieceTokenizer.from_file(path)
+    tok.save_huggingface_dir(tmp_path / "hf")
+    shutil.copy(path, tmp_path / "hf" / "tokenizer.model")
+    loaded = load_any(tmp_path / "hf")
+    assert isinstance(loaded, SentencePieceTokenizer) and loaded.fingerprint() == tok.fingerprint()

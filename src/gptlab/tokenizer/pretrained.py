@@ -83,7 +83,13 @@ def load_any(spec: str | os.PathLike) -> Tokenizer:
     if sentencepiece_file is not None:
         return Tokenizer.from_sentencepiece(sentencepiece_file)
     if path.exists():
-        return Tokenizer.from_parts(read_tokenizer_path(path))
+        try:
+            return Tokenizer.from_parts(read_tokenizer_path(path))
+        except GptlabError:
+            if not (path.is_dir() and (path / "tokenizer.model").is_file()):
+                raise
+            # a Hugging Face Llama/Mistral folder: its tokenizer.json is not byte-level, its tokenizer.model is the model
+            return Tokenizer.from_sentencepiece(path / "tokenizer.model")
     if str(spec) in NAMES:
         return load_pretrained(str(spec))
     raise GptlabError(
