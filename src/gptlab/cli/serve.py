@@ -1,4 +1,4 @@
-"""`gptlab serve MODEL`: the OpenAI-compatible API and the web chat, on 127.0.0.1:8000 by default.
+"""`gptlab serve MODEL`: the OpenAI-compatible API, the web chat and the token viewer (/tokenizer/), on 127.0.0.1:8000 by default.
 
 Binds the loopback address unless --host says otherwise (then warns when there is
 no --api-key: anyone who can reach the port can use the model). The port is bound
@@ -91,6 +91,9 @@ def run_serve(args: argparse.Namespace) -> int:
         app = build_app(engine, tokenizer, chat_format, args.name or args.checkpoint, api_key=args.api_key,
                         max_request_bytes=args.max_request_bytes, max_tokens_limit=args.max_tokens_limit,
                         access_log=None if args.no_access_log else say, best_of=args.best_of, reward=reward)
+        from gptlab.serve.token_view import build_token_view, model_tokenizers, with_token_view
+
+        app = with_token_view(app, build_token_view(model_tokenizers(args.name or args.checkpoint, tokenizer)))
         port = sock.getsockname()[1]
         shown = f"[{args.host}]" if ":" in args.host else args.host
         say(f"gptlab serve: {args.checkpoint} ({'chat' if chat_format else 'completions only'}, {args.slots} slots)")
@@ -98,6 +101,7 @@ def run_serve(args: argparse.Namespace) -> int:
             say(f"  best of {args.best_of} by --reward {args.reward} (a request's best_of overrides it)")
         say(f"  web chat  http://{shown}:{port}/")
         say(f"  API       http://{shown}:{port}/v1   (OpenAI-compatible{', key required' if args.api_key else ''})")
+        say(f"  tokens    http://{shown}:{port}/tokenizer/   (the token viewer)")
         if args.host in LOOPBACK:
             say("  bound to this machine only; --host 0.0.0.0 to listen on the network")
         elif not args.api_key:

@@ -1,4 +1,4 @@
-"""`gptlab tokenizer train|encode|decode|show`.
+"""`gptlab tokenizer train|encode|decode|show|view`.
 
 decode tells ids from files by their text: arguments that are all whitespace-separated integers
 are ids (`decode -t gpt2 15496 11 995`, or one quoted "15496 11 995"), others are files of ids.
@@ -70,6 +70,13 @@ def register(stages) -> None:
     show.add_argument("--color", choices=["auto", "always", "never"], default="auto")
     show.add_argument("--ids", action="store_true", help="also print the ids")
     show.set_defaults(handler=run_show)
+
+    view = verbs.add_parser("view", help="compare tokenizers in the browser: a page on 127.0.0.1 showing each one's tokens")
+    view.add_argument("tokenizers", nargs="*", metavar="TOKENIZER", help="tokenizer folders or files (gptlab's, Hugging Face's, "
+                      "SentencePiece .model) or names (default: gpt2, cl100k_base, and o200k_base when its file is here)")
+    view.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    view.add_argument("--port", type=int, default=8001, help="port (default 8001; 0: any free port)")
+    view.set_defaults(handler=run_view)
 
 
 def _add_tokenizer_argument(parser: argparse.ArgumentParser) -> None:
@@ -265,4 +272,27 @@ def run_show(args: argparse.Namespace) -> int:
     if args.ids:
         print(" ".join(map(str, ids)))
     print(f"-- {token_stats(text, ids)}")
+    return 0
+
+
+def run_view(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gptlab.cli.serve import LOOPBACK, bind, say
+    from gptlab.serve.token_view import build_token_view, default_tokenizers, load_tokenizers
+
+    if not 0 <= args.port <= 65535:
+        raise GptlabError(f"--port must be in 0..65535, got {args.port}")
+    tokenizers = load_tokenizers(args.tokenizers) if args.tokenizers else default_tokenizers()
+    sock = bind(args.host, args.port)
+    try:
+        shown = f"[{args.host}]" if ":" in args.host else args.host
+        say(f"gptlab tokenizer view: {', '.join(tokenizers.names)}")
+        say(f"  open http://{shown}:{sock.getsockname()[1]}/tokenizer/   (Ctrl-C stops)")
+        if args.host not in LOOPBACK:
+            say(f"  warning: listening on {args.host}: anyone who reaches this port can use the viewer")
+        config = uvicorn.Config(build_token_view(tokenizers), log_level="warning", timeout_graceful_shutdown=3, access_log=False)
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
     return 0
