@@ -2,8 +2,8 @@
 
     python bench/screenshot_tokenizer_view.py [TOKENIZER ...] [--out docs/img/tokenizer-view.png]
 
-Without TOKENIZERs it shows a 512-id BPE trained here on a little Shakespeare beside gpt2, cl100k_base and o200k_base
-(when its file is available offline). Needs Chromium and its driver (apt-get install chromium chromium-driver) and selenium.
+Without TOKENIZERs it shows a 512-id byte-level BPE and a 1,000-piece SentencePiece BPE (Llama 2 style), both trained
+here on a little Shakespeare, beside gpt2 and cl100k_base (and o200k_base when its file is available offline). Needs Chromium and its driver (apt-get install chromium chromium-driver) and selenium.
 """
 
 from __future__ import annotations
@@ -22,12 +22,17 @@ TEXT = ("First Citizen:\n  Before we proceed any further, hear me speak.\n\n"
         "Ünïcödé, 世界 and emoji 🙂: a byte-level BPE may split them.")
 
 
-def make_shakespeare_tokenizer(folder: Path) -> Path:
+def make_shakespeare_tokenizers(folder: Path) -> list[str]:
+    """A byte-level BPE folder and a SentencePiece .model, trained by gptlab on six works."""
     from gptlab.data.corpus import shakespeare_documents
     from gptlab.tokenizer import Tokenizer
+    from gptlab.tokenizer.sp_model import write_model
+    from gptlab.tokenizer.sp_train import train_sentencepiece
 
-    Tokenizer.train(shakespeare_documents()[:6], vocab_size=512).save(folder)
-    return folder
+    works = shakespeare_documents()[:6]
+    Tokenizer.train(works, vocab_size=512).save(folder / "shakespeare-512")
+    model = write_model(train_sentencepiece(works, vocab_size=1000), folder / "shakespeare-sp-1000.model")
+    return [str(folder / "shakespeare-512"), str(model)]
 
 
 def start_viewer(tokenizers: list[str]) -> tuple[subprocess.Popen, str]:
@@ -49,7 +54,7 @@ def open_browser():
         raise SystemExit("needs Chromium and its driver: sudo apt-get install chromium chromium-driver")
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,900", "--hide-scrollbars"):
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1600,820", "--hide-scrollbars"):
         options.add_argument(argument)
     return webdriver.Chrome(service=Service(driver), options=options)
 
@@ -77,7 +82,7 @@ def main() -> None:
     from gptlab.tokenizer.pretrained import available_offline
 
     with tempfile.TemporaryDirectory() as temporary:
-        tokenizers = args.tokenizers or [str(make_shakespeare_tokenizer(Path(temporary) / "shakespeare-512"))] + [
+        tokenizers = args.tokenizers or make_shakespeare_tokenizers(Path(temporary)) + [
             name for name in ("gpt2", "cl100k_base", "o200k_base") if available_offline(name)]
         process, url = start_viewer(tokenizers)
         driver = open_browser()
