@@ -57,6 +57,7 @@ class Scale:
     setup: str = ""  # a function of SETUPS that makes files a user would bring
     stdin: str | None = None  # fed to an interactive command
     serve: bool = False  # a server: started, probed, stopped
+    probe: str = "/v1/models"  # what a started server must answer with a non-empty "data" (or "tokenizers") list
 
 
 TRAIN_SMALL = ("--model.n-layer", "1", "--model.n-embd", "32", "--model.n-head", "2", "--max-steps", "2",
@@ -96,6 +97,8 @@ SFT = "gptlab sft --init runs/shakespeare/train --data \"task:arithmetic[n=20000
 SFT_ARITH = "gptlab sft  --init runs/shakespeare/train --data \"task:arithmetic[n=40000,digits=2]\" --max-steps 400"
 RM = "gptlab rm   --init runs/shakespeare/sft --out runs/rm"
 FIT = "gptlab fit sweeps/mini --target 1e14 1e16"
+SP_TRAIN = "gptlab tokenizer train --style sentencepiece --corpus shakespeare --vocab-size 8000 --out sp8k/"
+VIEWER = Scale(serve=True, probe="/tokenizer/api/tokenizers")
 
 RUNS: dict[str, Scale] = {
     # stage 1
@@ -108,6 +111,12 @@ RUNS: dict[str, Scale] = {
     "gptlab tokenizer show -t tok/ \"To be, or not to be\"": Scale(needs=(TOKENIZER,)),
     "gptlab tokenizer show -t gpt2 examples/play.txt": Scale(),
     "gptlab tokenizer encode -t out/shakespeare-hf/ examples/play.txt": Scale(needs=(EXPORT,)),
+    SP_TRAIN: Scale(),
+    "gptlab tokenizer show -t sp8k/tokenizer.model": Scale(needs=(SP_TRAIN,)),
+    "gptlab data prepare shakespeare -t sp8k/ --out data/shakespeare-sp8k": Scale(needs=(SP_TRAIN,)),
+    "from gptlab.tokenizer.sp_train import train_sentencepiece": Scale(),
+    "gptlab tokenizer view": VIEWER,
+    "gptlab tokenizer view tok/ sp8k/tokenizer.model gpt2": dataclasses.replace(VIEWER, needs=(TOKENIZER, SP_TRAIN)),
     "from gptlab.tokenizer import Tokenizer": Scale(setup="tokenizer_files"),
     # stage 2
     "gptlab data prepare shakespeare -t runs/shakespeare/tokenizer": Scale(),
@@ -421,7 +430,7 @@ def free_port() -> int:
 
 
 def run_server(text: str, scale: Scale, workspace: Path) -> tuple[int, str]:
-    """Start the server as a user would, wait for /health, list /v1/models, stop it with Ctrl-C."""
+    """Start the server as a user would, wait until it answers `scale.probe` (/v1/models), stop it with Ctrl-C."""
     import signal
 
     port = free_port()
@@ -433,15 +442,13 @@ def run_server(text: str, scale: Scale, workspace: Path) -> tuple[int, str]:
         while True:
             assert server.poll() is None, f"the server exited: {server.stdout.read()}"
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
-                    assert response.status == 200
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{scale.probe}", timeout=5) as response:
+                    answer = json.load(response)
                 break
             except OSError:
-                assert time.monotonic() < deadline, "the server did not answer /health"
+                assert time.monotonic() < deadline, f"the server did not answer {scale.probe}"
                 time.sleep(0.5)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30) as response:
-            models = json.load(response)
-        assert models["data"], models
+        assert answer.get("data") or answer.get("tokenizers"), answer
     finally:
         server.send_signal(signal.SIGINT)
         try:

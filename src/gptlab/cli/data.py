@@ -52,7 +52,8 @@ def register(stages) -> None:
         description="SOURCE: shakespeare | files, globs, directories (.txt/.jsonl/.parquet) | hf:NAME[:CONFIG]",
     )
     prepare.add_argument("source", nargs="+", metavar="SOURCE")
-    prepare.add_argument("-t", "--tokenizer", required=True, metavar="DIR", help="tokenizer directory, or gpt2 / cl100k_base")
+    prepare.add_argument("-t", "--tokenizer", required=True, metavar="DIR",
+                         help="tokenizer folder or file (gptlab's, Hugging Face's, a SentencePiece .model), or gpt2 / cl100k_base / o200k_base")
     prepare.add_argument("--out", required=True, metavar="DIR")
     prepare.add_argument(
         "--val", type=_val, metavar="X",

@@ -34,7 +34,8 @@ def register(stages) -> None:
     parser.add_argument("--prompt", metavar="TEXT", help="text to continue; \"\" starts from the end-of-text token")
     parser.add_argument("--task", metavar="NAME", help="instead of --prompt: questions of a built-in task's test split "
                         "(a chat model answers them), e.g. arithmetic or arithmetic[digits=2]")
-    parser.add_argument("--tokenizer", "-t", metavar="DIR|NAME", help="tokenizer folder or gpt2 / cl100k_base (default: the model's own)")
+    parser.add_argument("--tokenizer", "-t", metavar="DIR|NAME",
+                        help="tokenizer folder, file or .model, or gpt2 / cl100k_base / o200k_base (default: the model's own)")
     parser.add_argument(
         "--max-new-tokens", type=int, metavar="N",
         help=f"tokens to generate per sample (default: {DEFAULT_NEW_TOKENS}, or fewer to fit the model's context)",

@@ -20,7 +20,7 @@ SP_NORMALIZERS = ["identity", "nfkc", "nmt_nfkc", "nfkc_cf", "nmt_nfkc_cf"]  # g
 
 
 def register(stages) -> None:
-    parser = stages.add_parser("tokenizer", help="train, use and inspect byte-level BPE tokenizers")
+    parser = stages.add_parser("tokenizer", help="train, use, compare and view tokenizers (byte-level BPE, SentencePiece BPE)")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True, parser_class=type(parser))
 
     train = verbs.add_parser("train", help="train a tokenizer on text files or a built-in corpus")
@@ -85,7 +85,7 @@ def _add_tokenizer_argument(parser: argparse.ArgumentParser) -> None:
         "-t",
         required=True,
         metavar="DIR|NAME",
-        help="a tokenizer folder or file (gptlab's, or a Hugging Face byte-level BPE one), or gpt2 / cl100k_base",
+        help="a tokenizer folder or file (gptlab's, a Hugging Face byte-level BPE one, a SentencePiece .model), or gpt2 / cl100k_base / o200k_base",
     )
 
 
