@@ -1,6 +1,7 @@
 """The `gptlab run` job: the whole pipeline as a sequence of API calls.
 
-get the corpus -> train the tokenizer (and measure it on held-out works) ->
+get the corpus -> train the tokenizer (byte-level BPE, or SentencePiece BPE with
+`tokenizer.style`; and measure it on held-out works) ->
 tokenize the corpus into shuffled train/val shards -> train a GPT -> evaluate
 val bits per byte on the whole val split -> sample -> fine-tune it for chat on
 the built-in tasks (held-out accuracy before and after) -> a short conversation.
@@ -34,18 +35,31 @@ from gptlab.runtime import GptlabError, atomic_write_text
 from gptlab.runtime.config import config_to_json, field_defaults
 from gptlab.runtime.device import init_runtime
 from gptlab.runtime.rundir import RunFolder, claim_run_folder
-from gptlab.tokenizer import Tokenizer
+from gptlab.tokenizer import SentencePieceTokenizer, Tokenizer
 from gptlab.tokenizer.show import render_tokens, token_stats
 from gptlab.train import TrainConfig, Trainer, TrainResult
 from gptlab.train.config import shakespeare_cpu
 from gptlab.train.trainer import FREE_FIELDS as TRAIN_FREE_FIELDS
 
+STYLES = ("bytelevel", "sentencepiece")
+SENTENCEPIECE_CONTROL = ("<s>", "</s>")  # Llama 2's control pieces: </s> ends each document
+
 
 @dataclass(frozen=True, kw_only=True)
 class TokenizerStageConfig:
-    vocab_size: int = 4096  # ids in all: 256 bytes + merges + special tokens
-    pattern: str = "gpt4"  # split pattern: gpt2 | gpt4 | o200k | none
-    special_tokens: tuple[str, ...] = ("<|endoftext|>",)  # comma-separated
+    style: str = "bytelevel"  # bytelevel (GPT-2/GPT-4 style, tokenizer.json) | sentencepiece (Llama 2 style, tokenizer.model)
+    vocab_size: int = 4096  # ids in all: 256 bytes + merges + special tokens (sentencepiece: + <unk>, <s>, </s>)
+    pattern: str = "gpt4"  # bytelevel's split pattern: gpt2 | gpt4 | o200k | none (sentencepiece splits on no regex)
+    special_tokens: tuple[str, ...] = ("<|endoftext|>",)  # bytelevel's, comma-separated (sentencepiece: always <s>, </s>)
+
+    def __post_init__(self) -> None:
+        if self.style not in STYLES:
+            raise GptlabError(f"tokenizer.style must be one of {', '.join(STYLES)}, got {self.style!r}")
+        if self.style == "sentencepiece":  # a setting that would be ignored is refused
+            changed = {"pattern": self.pattern != "gpt4", "special-tokens": list(self.special_tokens) != ["<|endoftext|>"]}
+            given = [name for name, differs in changed.items() if differs]
+            if given:
+                raise GptlabError(f"--tokenizer.{given[0]} does not apply to --tokenizer.style sentencepiece; drop it")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -259,22 +273,35 @@ def _made_by_an_earlier_gptlab(out: Path) -> bool:
 def tokenizer_stage(config: RunConfig, folder: RunFolder, files: list[Path], log) -> tuple[Tokenizer, float]:
     """Train the tokenizer on the training works, or reuse the one this run already trained."""
     settings = config.tokenizer
-    log(f"[2/{STAGES}] tokenizer: byte-level BPE, vocab {settings.vocab_size}, pattern {settings.pattern}")
+    sentencepiece = settings.style == "sentencepiece"
+    what, pattern = ("SentencePiece BPE", "") if sentencepiece else ("byte-level BPE", f", pattern {settings.pattern}")
+    log(f"[2/{STAGES}] tokenizer: {what}, vocab {settings.vocab_size}{pattern}")
+    kind = SentencePieceTokenizer if sentencepiece else Tokenizer
     directory = folder.path / "tokenizer"
+    path = directory / kind.FILE_NAME
     done = folder.stage("tokenizer")
-    if done and (directory / "tokenizer.json").is_file():
-        tokenizer = Tokenizer.load(directory)
+    if done and path.is_file():
+        tokenizer = kind.from_file(path) if sentencepiece else Tokenizer.load(directory)
         if tokenizer.fingerprint() == done["fingerprint"]:
-            log(f"      reused {directory / 'tokenizer.json'} (trained earlier in this run)")
+            log(f"      reused {path} (trained earlier in this run)")
             return tokenizer, 0.0
     start = time.perf_counter()
-    tokenizer = Tokenizer.train(files=files, vocab_size=settings.vocab_size, pattern=settings.pattern,
-                                special_tokens=settings.special_tokens)
+    tokenizer = train_tokenizer(settings, files)
     seconds = time.perf_counter() - start
     tokenizer.save(directory)
     folder.finish_stage("tokenizer", {"fingerprint": tokenizer.fingerprint()})
-    log(f"      trained in {seconds:.1f} s -> {directory / 'tokenizer.json'}")
+    log(f"      trained in {seconds:.1f} s -> {path}")
     return tokenizer, seconds
+
+
+def train_tokenizer(settings: TokenizerStageConfig, files: list[Path]) -> Tokenizer | SentencePieceTokenizer:
+    """A byte-level BPE tokenizer, or a SentencePiece BPE model with Llama 2's control pieces, of the training works."""
+    if settings.style == "sentencepiece":
+        from gptlab.tokenizer.sp_train import train_sentencepiece
+
+        model = train_sentencepiece(files=files, vocab_size=settings.vocab_size, control_symbols=SENTENCEPIECE_CONTROL)
+        return SentencePieceTokenizer(model)
+    return Tokenizer.train(files=files, vocab_size=settings.vocab_size, pattern=settings.pattern, special_tokens=settings.special_tokens)
 
 
 def held_out_stage(tokenizer: Tokenizer, held_out: list[Path], log, color: bool):

@@ -135,8 +135,10 @@ def check_messages(messages: Sequence[Message], *, for_generation: bool = False)
 
 def chat_template() -> str:
     """A Jinja template for transformers' `apply_chat_template` that renders exactly as ChatFormat.render."""
+    # starts with the end-of-text token, the exports' eos_token (<|endoftext|>, or a SentencePiece model's </s>,
+    # whose bos_token <s> differs)
     return (
-        "{{ bos_token }}"
+        "{{ eos_token }}"
         "{% for message in messages %}"
         "{{ '<|' + message['role'] + '|>' + message['content'] + '" + END + "' }}"
         "{% endfor %}"

@@ -31,8 +31,10 @@ class TextStream:
 
         The first bytes come from `decode_bytes`, the rest from `token_bytes`: a SentencePiece
         tokenizer drops the dummy prefix's space at the start of a text only, as `decode` does.
+        Special tokens always from `decode_bytes`: SentencePiece's control pieces decode to nothing.
         """
-        data = self.tokenizer.token_bytes(token) if self.started else self.tokenizer.decode_bytes([token])
+        later = self.started and token not in self.specials
+        data = self.tokenizer.token_bytes(token) if later else self.tokenizer.decode_bytes([token])
         self.started = self.started or token not in self.specials
         return self.decoder.decode(data)
 

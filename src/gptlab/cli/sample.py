@@ -17,7 +17,6 @@ against the candidates' mean, min and max. With --task NAME the prompts are the 
 from __future__ import annotations
 
 import argparse
-import codecs
 import sys
 
 from gptlab.align.model_folders import load_model, load_model_tokenizer
@@ -138,13 +137,17 @@ def new_tokens(args: argparse.Namespace, ids: list[int], block: int) -> int:
 
 def stream_sample(model, tokenizer, ids: list[int], config) -> None:
     """One sample written as its tokens arrive."""
+    from gptlab.chat.text import TextStream
     from gptlab.infer import stream
 
-    # Tokens can end inside a UTF-8 character: the incremental decoder holds such bytes back until complete.
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    # Tokens can end inside a UTF-8 character: TextStream holds such bytes back until complete. It reads the
+    # prompt (already shown) first, so a SentencePiece continuation keeps its leading space, as `decode` would.
+    text = TextStream(tokenizer)
+    for token in ids:
+        text.add(token)
     for _, token in stream(model, [ids], config):
-        write(decoder.decode(tokenizer.decode_bytes([token])))
-    write(decoder.decode(b"", final=True) + "\n")
+        write(text.add(token))
+    write(text.flush() + "\n")
 
 
 def write(text: str) -> None:

@@ -25,7 +25,7 @@ from gptlab.runtime import GptlabError, check_out_dir
 from gptlab.tokenizer import Tokenizer
 
 HF_FILES = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-            "special_tokens_map.json", "vocab.json", "merges.txt", "configuration_gptlab.py", "modeling_gptlab.py")
+            "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model", "configuration_gptlab.py", "modeling_gptlab.py")
 
 
 def check_export_dir(out: str | os.PathLike, *, force: bool = False) -> Path:
@@ -47,6 +47,8 @@ def write_hf_folder(model: GPT, tokenizer: Tokenizer, out: str | os.PathLike, *,
     try:
         written = export_hf(model, tmp, eos_token_id=tokenizer.special_tokens[END] if chat else tokenizer.eot_id)
         tokenizer.save_huggingface_dir(tmp, model_max_length=model.config.block_size, chat_template=chat_template() if chat else None)
+        if tokenizer.FILE_NAME == "tokenizer.model":  # as Llama folders: the SentencePiece model too, which gptlab reads back
+            tokenizer.save(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -221,7 +221,7 @@ class Runner:
         try:
             for prompt, config in configs:
                 request = self.engine.submit(prompt, config, loop=loop)
-                generations.append(Generation(self.engine, request, self.tokenizer, body.stop_strings()))
+                generations.append(Generation(self.engine, request, self.tokenizer, body.stop_strings(), context=() if chat else prompt))
         except GptlabError as error:
             for generation in generations:
                 generation.cancel()

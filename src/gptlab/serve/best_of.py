@@ -63,7 +63,7 @@ async def respond_best_of(runner: Runner, body: Sampling, prompts: list[list[int
             groups.append(group)
             for config in runner.configs(wide, prompt, stop_tokens):
                 group.append(Generation(runner.engine, runner.engine.submit(prompt, config, loop=loop), runner.tokenizer,
-                                        body.stop_strings()))
+                                        body.stop_strings(), context=() if chat else prompt))
     except GptlabError as error:
         cancel(groups)
         raise APIError(400, str(error)) from None

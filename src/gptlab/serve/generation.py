@@ -12,7 +12,7 @@ Not here: the HTTP response (gptlab.serve.app), the engine (gptlab.infer.engine)
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from gptlab.chat.text import TextStream
 from gptlab.infer import Engine, Request
@@ -26,9 +26,13 @@ def sse(payload: dict) -> str:
 
 
 class Generation:
-    def __init__(self, engine: Engine, request: Request, tokenizer: Tokenizer, stops: list[str]) -> None:
+    def __init__(self, engine: Engine, request: Request, tokenizer: Tokenizer, stops: list[str], context: Sequence[int] = ()) -> None:
+        """`context`: ids the text continues (a completion's prompt), read first so that a SentencePiece
+        continuation keeps its leading space, as decode(prompt + tokens) does; a chat reply starts a text."""
         self.engine, self.request = engine, request
         self.text_stream = TextStream(tokenizer)
+        for token in context:
+            self.text_stream.add(token)
         self.matcher = StopMatcher(stops)
         self.finish_reason: str | None = None
         self.completion_tokens = 0
