@@ -27,5 +27,6 @@ setup(
         Extension("gptlab.tokenizer._fastbpe", sources=["src/gptlab/tokenizer/_native/fastbpe.c"], optional=True),
         Extension("gptlab.tokenizer._fasttrain", sources=["src/gptlab/tokenizer/_native/fasttrain.c"], optional=True),
         Extension("gptlab.tokenizer._spbpe", sources=["src/gptlab/tokenizer/_native/spbpe.c"], optional=True),
+        Extension("gptlab.tokenizer._sptrain", sources=["src/gptlab/tokenizer/_native/sptrain.c"], optional=True),
     ],
 )

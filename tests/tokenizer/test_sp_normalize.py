@@ -177,3 +177,34 @@ def test_sp_normalize_refuses_a_broken_charsmap_in_one_line(blob):
         return
     with pytest.raises(GptlabError, match="precompiled_charsmap is broken"):
         SentencePieceNormalizer(NormalizerSpec("custom", blob))
+
+
+# -- normalize_many: the charsmap applied to many texts in one pass ---------------------------------------------
+
+# Neighbours that would form one charsmap key if the texts ran together ("A" + combining acute -> "Á", jamo + vowel).
+BOUNDARY_TEXTS = ["A", "\u0301", "e", "\u0301\u0323", "\u1100", "\u1161", "க", "\u0bca", "", "x ", " y", "ﬁ", "\x07", "Hello world"]
+
+
+@pytest.mark.parametrize("flags", FLAGS, ids=lambda f: "dummy{}-remove{}-escape{}".format(*map(int, f)))
+@pytest.mark.parametrize("rule", RULES)
+def test_sp_normalize_many_equals_library_per_text_and_never_joins_neighbours(rule, flags):
+    library, ours = PAIRS[rule, flags]
+    for texts in (TEXTS, BOUNDARY_TEXTS, BOUNDARY_TEXTS[::-1], ["", ""], ["\u0301"], []):
+        assert ours.normalize_many(texts) == [library.normalize(text) for text in texts], texts
+
+
+@settings(max_examples=60, deadline=None)
+@given(texts=st.lists(st.text(alphabet=st.sampled_from("aA é\u0301\u0323\u1100\u1161\u11a8க\u0bca ﬁ①\t\x07\u3000日▁"), max_size=6), max_size=8),
+       rule=st.sampled_from(RULES), flags=st.sampled_from(FLAGS))
+def test_sp_normalize_many_equals_library_on_any_texts(texts, rule, flags):
+    library, ours = PAIRS[rule, flags]
+    assert ours.normalize_many(texts) == [library.normalize(text) for text in texts]
+
+
+@pytest.mark.parametrize("suffix", (True, False))
+def test_sp_normalize_many_keeps_user_defined_symbols_as_the_library(user_model, suffix):
+    processor, ours = _model_pair(user_model, True, True, True, suffix)
+    fast = SentencePieceNormalizer(ours.spec, treat_whitespace_as_suffix=suffix, user_defined=["<tag>", "ﬁx", "a b", "e\u0301"])
+    texts = [text for text in USER_TEXTS if "x  y" not in text and "x   y" not in text] + ["<ta", "g>", "e", "\u0301"]
+    assert fast.normalize_many(texts) == [processor.normalize(text) for text in texts]
+    assert ours.normalize_many(USER_TEXTS) == [processor.normalize(text) for text in USER_TEXTS]  # "x  y": the port, per text

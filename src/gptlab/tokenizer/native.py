@@ -152,6 +152,11 @@ def spbpe() -> ModuleType | None:
     return _load("_spbpe")
 
 
+def sptrain() -> ModuleType | None:
+    """The compiled SentencePiece piece learner (_sptrain.c), or None (pure Python)."""
+    return _load("_sptrain")
+
+
 def scanner_id(regex_text: str | None) -> int | None:
     """The C scanner for a split pattern: 0 none, 1 gpt2, 2 gpt4, 3 o200k; None when only `regex` can split it."""
     if regex_text is None:

@@ -380,7 +380,7 @@ class SentencePieceTokenizer:
                 found = matcher.search(text)
                 if found is not None:
                     raise_disallowed(found)
-        return self._bpe().encode_many([self._normalizer.normalize(text) for text in texts])
+        return self._bpe().encode_many(self._normalizer.normalize_many(texts))
 
     def encode_batch(
         self,
@@ -412,7 +412,7 @@ class SentencePieceTokenizer:
     def encode_ordinary_packed(self, texts: Sequence[str]) -> tuple[array, list[int]]:
         """Encode many texts as ordinary text into one array('I') of ids back to back, and each text's count."""
         packed, counts = array("I"), []
-        for ids in self._bpe().encode_many([self._normalizer.normalize(text) for text in texts]):
+        for ids in self._bpe().encode_many(self._normalizer.normalize_many(texts)):
             packed.extend(ids)
             counts.append(len(ids))
         return packed, counts

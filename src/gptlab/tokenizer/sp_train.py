@@ -17,6 +17,9 @@ again in Python:
    take the script before them) is counted, weighted by word counts. The most frequent pair becomes a
    piece (ties: the shorter piece, then the smaller string, as the library breaks them), the words holding
    it are rewritten, and only their pairs are re-counted; a heap finds the best pair.
+   `learn_pieces` is the readable version; `learn_pieces_fast` runs the same steps in C (_sptrain.c,
+   proven equal piece for piece by tests/tokenizer/test_sp_train_native.py), given each character's
+   traits (PieceRules.traits) so that C judges pairs without Unicode tables.
 5. The vocabulary, in id order: <unk>, the control symbols (<s>, </s>), the user-defined symbols, the
    256 byte pieces <0x00>..<0xFF> (byte fallback), the merged pieces scored 0, -1, -2, ... in merge order,
    then the single characters in coverage order, scored on from there. Encoding merges by highest score,
@@ -33,20 +36,24 @@ from __future__ import annotations
 import functools
 import heapq
 import os
+import re
 import unicodedata
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import regex
 from tqdm.auto import tqdm
 
 from gptlab.runtime import GptlabError
+from gptlab.tokenizer import native
 from gptlab.tokenizer.sp_model import BPE, BYTE, CONTROL, NORMAL, SPACE, UNKNOWN, USER_DEFINED, NormalizerSpec, Piece, SentencePieceModel
 from gptlab.tokenizer.train import merge_pair, read_text_chunks
 
 UNK_PIECE = "<unk>"
+BLOCKED, HAS_SPACE = 1, 2  # PieceRules.traits flags: in no longer piece; "▁", only at a piece's start
 NORMALIZERS = ("identity", "nfkc", "nmt_nfkc", "nfkc_cf", "nmt_nfkc_cf")  # the library's built-in rule sets
 
 
@@ -140,7 +147,7 @@ def train_with_config(
         raise GptlabError(config._too_small(minimum, len(characters)))
     words = count_words(segments, set(characters))
     valid = PieceRules(config.max_piece_length, config.split_digits, config.split_by_unicode_script)
-    merged = learn_pieces(words, config.vocab_size - minimum, valid, progress=progress)
+    merged = learn_pieces_fast(words, config.vocab_size - minimum, valid, progress=progress)
     pieces = config.meta_pieces
     pieces += [Piece(text, -float(i), NORMAL) for i, text in enumerate(merged)]
     pieces += [Piece(char, -float(len(merged) + i), NORMAL) for i, char in enumerate(characters)]
@@ -191,58 +198,69 @@ def _segments(sentences: Counter, spec: NormalizerSpec, config: SentencePieceTra
     """Normalised sentences cut at control and user-defined symbols (which are never learned from), with counts."""
     from gptlab.tokenizer.sp_normalize import SentencePieceNormalizer
 
-    normalize = SentencePieceNormalizer(spec, user_defined=config.user_defined_symbols).normalize
+    normalize_many = SentencePieceNormalizer(spec, user_defined=config.user_defined_symbols).normalize_many
     symbols = [*config.control_symbols, *config.user_defined_symbols, UNK_PIECE]
     boundary = regex.compile("|".join(regex.escape(symbol) for symbol in sorted(symbols, key=len, reverse=True)))
+    normalized = list(zip(normalize_many(list(sentences)), sentences.values()))
+    if not any("\n" in symbol for symbol in symbols) and not boundary.search("\n".join(text for text, _ in normalized)):
+        boundary = None  # no symbol in the corpus (the usual case): one search instead of one split per sentence
     segments: Counter = Counter()
-    for sentence, count in sentences.items():
-        for segment in boundary.split(normalize(sentence)):
+    for text, count in normalized:
+        for segment in boundary.split(text) if boundary is not None else (text,):
             if segment:
                 segments[segment] += count
     return segments
 
 
-def required_characters(segments: Counter, coverage: float) -> list[str]:
+def required_characters(segments: dict[str, int], coverage: float) -> list[str]:
     """The characters to keep, most frequent first (ties: lower code point), until `coverage` of all are covered."""
-    counts: Counter = Counter()
-    for segment, count in segments.items():
-        for char, times in Counter(segment).items():
-            counts[char] += times * count
-    counts.pop("\t", None)  # the library's boundary mark is never a piece
-    counts.pop("\0", None)
-    total = sum(counts.values())
+    totals = np.zeros(0, np.int64)  # code point -> count
+    for count, group in _by_count(segments).items():
+        points = np.frombuffer("".join(group).encode("utf-32-le", "surrogatepass"), np.uint32)
+        found = np.bincount(points).astype(np.int64) * count  # one pass per distinct count, not per segment
+        if len(found) > len(totals):
+            totals = np.pad(totals, (0, len(found) - len(totals)))
+        totals[: len(found)] += found
+    totals[[code for code in (ord("\t"), 0) if code < len(totals)]] = 0  # the library's boundary marks are never pieces
+    codes = np.flatnonzero(totals)
+    codes = codes[np.lexsort((codes, -totals[codes]))]
+    total = int(totals.sum())
     kept, covered = [], 0
-    for char, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+    for code in codes.tolist():
         if coverage < 1 and covered / total >= coverage:
             break
-        kept.append(char)
-        covered += count
+        kept.append(chr(code))
+        covered += int(totals[code])
     return kept
 
 
-def count_words(segments: Counter, characters: set[str]) -> Counter:
+def _by_count(segments: dict[str, int]) -> dict[int, list[str]]:
+    """Segments grouped by their count: most counts are 1, so a few joined strings stand for them all."""
+    groups: dict[int, list[str]] = defaultdict(list)
+    for segment, count in segments.items():
+        groups[count].append(segment)
+    return groups
+
+
+def count_words(segments: dict[str, int], characters: set[str]) -> Counter:
     """Distinct words and their counts: a segment splits before each "▁" and around rare characters.
 
     {"▁the▁cat": 2, "▁the": 1} -> {"▁the": 3, "▁cat": 2}
     """
+    inner = "".join(sorted(re.escape(char) for char in characters if char != SPACE))
+    parts = [f"{SPACE}[{inner}]*"] if SPACE in characters else []  # a word starts at "▁" ...
+    parts += [f"[{inner}]+"] if inner else []  # ... or at a segment's start or after a rare character
+    if not parts:
+        return Counter()
+    word = re.compile("|".join(parts))
     words: Counter = Counter()
-    for segment, count in segments.items():
-        word = ""
-        for char in segment:
-            if char not in characters:  # a rare character: no piece holds it
-                word = _flush(words, word, count)
-            elif char == SPACE:
-                word = _flush(words, word, count) + char
-            else:
-                word += char
-        _flush(words, word, count)
+    for count, group in _by_count(segments).items():
+        found = Counter(word.findall("\0".join(group)))  # "\0" is never a piece's character: a boundary
+        if count == 1:
+            words.update(found)
+        else:
+            words.update({text: times * count for text, times in found.items()})
     return words
-
-
-def _flush(words: Counter, word: str, count: int) -> str:
-    if word:
-        words[word] += count
-    return ""
 
 
 # ---------------------------------------------------------------- 4. which pieces may exist
@@ -300,6 +318,20 @@ class PieceRules:
                 return False
             previous = script
         return True
+
+    def traits(self, char: str) -> tuple[int, str | None]:
+        """(flags, script) of one character: what the compiled learner needs to judge any pair of pieces.
+
+        BLOCKED: in no longer piece (a digit with split_digits, a space, tab or NUL); HAS_SPACE: "▁", so
+        only at a piece's start; script: None for "▁", combining marks (they take the script before them)
+        and everything when scripts may mix. A join is valid when neither half is blocked, the right holds no
+        "▁", the length fits, and the left's last script equals the right's first (or either is None).
+        """
+        if char == SPACE:
+            return HAS_SPACE, None
+        blocked = char in " \t\0" or (self.split_digits and unicodedata.category(char) == "Nd")
+        script = script_of(char) if self.split_by_script else None
+        return BLOCKED if blocked else 0, None if script == "INHERITED" else script
 
 
 # ---------------------------------------------------------------- 4. merging
@@ -367,6 +399,33 @@ def learn_pieces(words: Counter, n_pieces: int, valid, *, progress: bool = False
                     pair_counts.pop(changed, None)
                 if change > 0:  # only pairs holding the new symbol can rise
                     heapq.heappush(heap, _heap_entry(total, texts[changed[0]] + texts[changed[1]], changed))
+    return pieces
+
+
+def learn_pieces_fast(words: Counter, n_pieces: int, rules: PieceRules, *, progress: bool = False) -> list[str]:
+    """`learn_pieces`, in C when it is built (_sptrain.c; the same pieces, tests/tokenizer/test_sp_train_native.py)."""
+    module = native.sptrain()
+    counts = np.fromiter(words.values(), np.int64, len(words)) if words else np.zeros(0, np.int64)
+    lengths = np.fromiter(map(len, words), np.uint32, len(words))
+    if module is None or not isinstance(rules, PieceRules) or int(counts.sum()) * int(lengths.max(initial=0)) >= 1 << 62:
+        return learn_pieces(words, n_pieces, rules, progress=progress)  # no C, another rule, or counts that could overflow
+    joined = "".join(words)  # words of one character have no pair: harmless; the order of words changes no count
+    # Character ids may differ from learn_pieces' (it numbers them in sorted-word order): ids only break ties between
+    # equal texts ("a"+"bc", "ab"+"c"), and there a character is never compared with another character.
+    chars = list(dict.fromkeys(joined))
+    codes = np.array([ord(char) for char in chars], np.uint32)
+    order = np.argsort(codes)
+    points = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), np.uint32)
+    ids = order[np.searchsorted(codes, points, sorter=order)].astype(np.uint32)
+    scripts: dict[str | None, int] = {None: -1}
+    traits = []
+    for char in chars:
+        flags, script = rules.traits(char)
+        number = scripts.setdefault(script, len(scripts) - 1)
+        traits += [flags, number, number]  # flags, first script, last script
+    with tqdm(total=n_pieces, desc="pieces", unit="piece", disable=not progress) as bar:
+        pieces = module.learn(ids.tobytes(), lengths.tobytes(), counts.tobytes(), chars, traits, rules.max_length, n_pieces)
+        bar.update(len(pieces))
     return pieces
 
 
