@@ -1,9 +1,10 @@
 """The compiled core, when it was built: loading it, or saying once why the pure-Python reference runs.
 
-`pip install` compiles two small C extensions (setup.py): `_fastbpe` (pre-tokenizer
-scanners for the gpt2/gpt4/o200k patterns, BPE, piece counting) and `_fasttrain` (the
-merge learner). Both give exactly what the pure-Python reference in core.py and
-train.py gives; tests/tokenizer/test_native.py proves it. The scanners' character
+`pip install` compiles four small C extensions (setup.py): for byte-level BPE, `_fastbpe`
+(pre-tokenizer scanners for the gpt2/gpt4/o200k patterns, BPE, piece counting) and `_fasttrain`
+(the merge learner); for SentencePiece, `_spbpe` (the encoder) and `_sptrain` (the merge learner).
+Each gives exactly what its pure-Python reference (core.py, train.py, sentencepiece.py, sp_train.py)
+gives; tests/tokenizer/test_native.py, test_spbpe.py and test_sp_train_native.py prove it. The scanners' character
 classes are read from the installed `regex` module at first use (`char_class_table`),
 so both sides follow the same Unicode version whatever `regex` release is installed. Without a C compiler,
 or with GPTLAB_PURE_PYTHON=1 in the environment, the reference runs instead.
