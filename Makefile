@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_INDEX_FLAG := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 # The compiled tokenizer core: editing it re-runs the install, which rebuilds it.
-NATIVE := setup.py $(wildcard src/gptlab/tokenizer/_native/*.c)
+NATIVE := setup.py $(wildcard src/gptlab/tokenizer/_native/*.c src/gptlab/tokenizer/_native/*.h)
 # Every dependency pinned to the versions the suite passed with (pip constraints); `make lock` updates it.
 LOCK := requirements.lock
 

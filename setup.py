@@ -1,12 +1,13 @@
 """Builds gptlab's optional compiled tokenizer core (C, the standard toolchain); everything else is in pyproject.toml.
 
-Both extensions are optional: without a C compiler, pip still installs gptlab
+The extensions are optional: without a C compiler, pip still installs gptlab
 and the tokenizer runs its pure-Python reference (it says so once).
 """
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
+SHARED = ["src/gptlab/tokenizer/_native/bytes_map.h"]  # included by the encoders: editing it rebuilds them
 GCC_FLAGS = ["-O3", "-std=c11", "-Wall", "-Wno-unused-function"]  # gcc and clang
 MSVC_FLAGS = ["/O2"]
 
@@ -24,9 +25,9 @@ class BuildExt(build_ext):
 setup(
     cmdclass={"build_ext": BuildExt},
     ext_modules=[
-        Extension("gptlab.tokenizer._fastbpe", sources=["src/gptlab/tokenizer/_native/fastbpe.c"], optional=True),
+        Extension("gptlab.tokenizer._fastbpe", sources=["src/gptlab/tokenizer/_native/fastbpe.c"], depends=SHARED, optional=True),
         Extension("gptlab.tokenizer._fasttrain", sources=["src/gptlab/tokenizer/_native/fasttrain.c"], optional=True),
-        Extension("gptlab.tokenizer._spbpe", sources=["src/gptlab/tokenizer/_native/spbpe.c"], optional=True),
+        Extension("gptlab.tokenizer._spbpe", sources=["src/gptlab/tokenizer/_native/spbpe.c"], depends=SHARED, optional=True),
         Extension("gptlab.tokenizer._sptrain", sources=["src/gptlab/tokenizer/_native/sptrain.c"], optional=True),
     ],
 )

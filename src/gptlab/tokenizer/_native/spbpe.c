@@ -29,43 +29,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bytes_map.h"
+
 enum { KIND_NORMAL = 1, KIND_UNKNOWN = 2, KIND_CONTROL = 3, KIND_USER_DEFINED = 4, KIND_UNUSED = 5, KIND_BYTE = 6 };
 enum { SPLIT_NONE = 0, SPLIT_BEFORE_SPACE = 1, SPLIT_AFTER_SPACE = 2 };
 #define CACHE_BYTES (64u << 20)  /* a call's word cache is emptied when it grows past this */
 #define CACHED_WORD_MAX 256      /* longer words rarely repeat: not cached */
 #define MAX_TEXT_BYTES INT32_MAX /* symbol links are int32, as in the library */
 
-/* ------------------------------------------------------------------ growable arrays */
-
-typedef struct { uint32_t *data; size_t n, cap; } U32Vec;
-typedef struct { uint8_t *data; size_t n, cap; } ByteVec;
-
-static int grow(void **data, size_t *cap, size_t need, size_t item) {
-    if (need <= *cap) return 0;
-    size_t cap2 = *cap ? *cap : 64;
-    while (cap2 < need) cap2 *= 2;
-    void *p = realloc(*data, cap2 * item);
-    if (!p) return -1;
-    *data = p;
-    *cap = cap2;
-    return 0;
-}
-
-static inline int u32_push(U32Vec *v, uint32_t x) {
-    if (v->n == v->cap && grow((void **)&v->data, &v->cap, v->n + 1, sizeof(uint32_t))) return -1;
-    v->data[v->n++] = x;
-    return 0;
-}
-
-static inline int u32_push_n(U32Vec *v, const uint32_t *src, size_t k) {
-    if (grow((void **)&v->data, &v->cap, v->n + k, sizeof(uint32_t))) return -1;
-    memcpy(v->data + v->n, src, k * sizeof(uint32_t));
-    v->n += k;
-    return 0;
-}
-
-/* ------------------------------------------------------------------ bytes -> u64 map
- * Open addressing with linear probing; slots hold entry index + 1 (0: empty); keys live in one arena. */
+/* ------------------------------------------------------------------ hashing (the map: bytes_map.h) */
 
 static inline uint64_t hash_bytes(const uint8_t *p, size_t n) {
     uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
@@ -81,77 +53,6 @@ static inline uint64_t hash_bytes(const uint8_t *p, size_t n) {
     memcpy(&word, p, n);
     h = (h ^ word) * 0x94d049bb133111ebull;
     return h ^ (h >> 31);
-}
-
-typedef struct { uint64_t hash, value; size_t key_offset, key_length; } Entry;
-typedef struct {
-    uint32_t *slots;
-    size_t mask, n, cap;
-    Entry *entries;
-    ByteVec keys;
-} BytesMap;
-
-static int map_init(BytesMap *m, size_t expected) {
-    size_t capacity = 64;
-    while (capacity < 2 * expected) capacity *= 2;
-    memset(m, 0, sizeof *m);
-    if (!(m->slots = calloc(capacity, sizeof(uint32_t)))) return -1;
-    m->mask = capacity - 1;
-    return 0;
-}
-
-static void map_free(BytesMap *m) {
-    free(m->slots);
-    free(m->entries);
-    free(m->keys.data);
-    memset(m, 0, sizeof *m);
-}
-
-static void map_clear(BytesMap *m) {
-    if (!m->n) return;
-    memset(m->slots, 0, (m->mask + 1) * sizeof(uint32_t));
-    m->n = 0;
-    m->keys.n = 0;
-}
-
-static inline Entry *map_find(const BytesMap *m, const uint8_t *key, size_t length, uint64_t hash) {
-    for (size_t i = hash & m->mask;; i = (i + 1) & m->mask) {
-        uint32_t slot = m->slots[i];
-        if (!slot) return NULL;
-        Entry *e = &m->entries[slot - 1];
-        if (e->hash == hash && e->key_length == length && memcmp(m->keys.data + e->key_offset, key, length) == 0) return e;
-    }
-}
-
-static int map_rehash(BytesMap *m) {
-    size_t capacity = (m->mask + 1) * 2;
-    uint32_t *slots = calloc(capacity, sizeof(uint32_t));
-    if (!slots) return -1;
-    for (size_t k = 0; k < m->n; k++) {
-        size_t i = m->entries[k].hash & (capacity - 1);
-        while (slots[i]) i = (i + 1) & (capacity - 1);
-        slots[i] = (uint32_t)(k + 1);
-    }
-    free(m->slots);
-    m->slots = slots;
-    m->mask = capacity - 1;
-    return 0;
-}
-
-/* Insert a key known to be absent; NULL when out of memory. */
-static Entry *map_insert(BytesMap *m, const uint8_t *key, size_t length, uint64_t hash, uint64_t value) {
-    if (2 * (m->n + 1) > m->mask + 1 && map_rehash(m)) return NULL;
-    if (m->n >= UINT32_MAX - 1) return NULL;
-    if (grow((void **)&m->entries, &m->cap, m->n + 1, sizeof(Entry))) return NULL;
-    if (grow((void **)&m->keys.data, &m->keys.cap, m->keys.n + length, 1)) return NULL;
-    memcpy(m->keys.data + m->keys.n, key, length);
-    Entry *e = &m->entries[m->n];
-    *e = (Entry){hash, value, m->keys.n, length};
-    m->keys.n += length;
-    size_t i = hash & m->mask;
-    while (m->slots[i]) i = (i + 1) & m->mask;
-    m->slots[i] = (uint32_t)(++m->n);
-    return e;
 }
 
 /* ------------------------------------------------------------------ the model */
