@@ -140,10 +140,18 @@ def save_huggingface_dir(tokenizer, directory: str | os.PathLike, *, model_max_l
 
     `chat_template` (Jinja, e.g. gptlab.chat.chat_template()) goes into tokenizer_config.json for
     `apply_chat_template`.
-
-    Other files in the folder (a model's config.json and weights) are left alone; gptlab's own
-    tokenizer.json is never overwritten.
     """
+    return write_huggingface_folder(directory, lambda: json.dumps(huggingface_json(tokenizer), ensure_ascii=False),
+                                    lambda: tokenizer_config(tokenizer, model_max_length),
+                                    model_max_length=model_max_length, chat_template=chat_template)
+
+
+def write_huggingface_folder(directory: str | os.PathLike, tokenizer_json, config_and_map, *,
+                             model_max_length: int | None, chat_template: str | None) -> Path:
+    """tokenizer.json (the text `tokenizer_json()` makes), tokenizer_config.json and special_tokens_map.json
+    (`config_and_map()`), for either tokenizer family. Everything is checked and made before the first write, so a
+    refused export leaves nothing behind. Other files in the folder (a model's config.json and weights) are left alone;
+    gptlab's own tokenizer.json is never overwritten."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise GptlabError(f"{directory} is a file; pass a folder for the Hugging Face tokenizer")
@@ -152,10 +160,11 @@ def save_huggingface_dir(tokenizer, directory: str | os.PathLike, *, model_max_l
     target = directory / FILE_NAME
     if target.is_file() and is_tokenizer_json(read_json(target)):
         raise GptlabError(f"{target} is gptlab's own tokenizer file; write the Hugging Face folder elsewhere")
-    config, special_map = tokenizer_config(tokenizer, model_max_length)
+    text = tokenizer_json()
+    config, special_map = config_and_map()
     if chat_template is not None:
         config["chat_template"] = chat_template
-    save_huggingface(tokenizer, target)
+    atomic_write_text(target, text)
     atomic_write_text(directory / CONFIG_NAME, json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     atomic_write_text(directory / SPECIAL_TOKENS_MAP_NAME, json.dumps(special_map, indent=2, ensure_ascii=False) + "\n")
     return directory

@@ -26,11 +26,9 @@ from pathlib import Path
 
 import regex
 
-from gptlab.runtime import GptlabError, atomic_write_text, read_json
-from gptlab.tokenizer.formats import is_tokenizer_json
+from gptlab.runtime import GptlabError
+from gptlab.tokenizer.huggingface import write_huggingface_folder
 from gptlab.tokenizer.sp_model import CONTROL, NORMAL, SPACE, UNKNOWN, USER_DEFINED, SentencePieceModel
-
-TOKENIZER_NAME, CONFIG_NAME, SPECIAL_TOKENS_MAP_NAME = "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"
 
 
 def _model_of(tokenizer) -> SentencePieceModel:
@@ -176,19 +174,6 @@ def save_huggingface_dir(tokenizer, directory: str | os.PathLike, *, model_max_l
     and weights) are left alone, gptlab's own tokenizer.json is never overwritten. `chat_template` (Jinja)
     goes into tokenizer_config.json for `apply_chat_template`.
     """
-    directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
-        raise GptlabError(f"{directory} is a file; pass a folder for the Hugging Face tokenizer")
-    if model_max_length is not None and (isinstance(model_max_length, bool) or not isinstance(model_max_length, int) or model_max_length < 1):
-        raise GptlabError(f"model_max_length must be a positive number of tokens (the model's context), got {model_max_length!r}")
-    target = directory / TOKENIZER_NAME
-    if target.is_file() and is_tokenizer_json(read_json(target)):
-        raise GptlabError(f"{target} is gptlab's own tokenizer file; write the Hugging Face folder elsewhere")
-    text = to_huggingface_json(tokenizer)  # before writing anything: a refused export leaves nothing behind
-    config, special_map = tokenizer_config(tokenizer, model_max_length)
-    if chat_template is not None:
-        config["chat_template"] = chat_template
-    atomic_write_text(directory / TOKENIZER_NAME, text)
-    atomic_write_text(directory / CONFIG_NAME, json.dumps(config, indent=2, ensure_ascii=False) + "\n")
-    atomic_write_text(directory / SPECIAL_TOKENS_MAP_NAME, json.dumps(special_map, indent=2, ensure_ascii=False) + "\n")
-    return directory
+    return write_huggingface_folder(directory, lambda: to_huggingface_json(tokenizer),
+                                    lambda: tokenizer_config(tokenizer, model_max_length),
+                                    model_max_length=model_max_length, chat_template=chat_template)
