@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from browser import open_browser
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = ("First Citizen:\n  Before we proceed any further, hear me speak.\n\n"
@@ -45,20 +46,6 @@ def start_viewer(tokenizers: list[str]) -> tuple[subprocess.Popen, str]:
     raise SystemExit(f"gptlab tokenizer view exited ({process.wait()}) before listening")
 
 
-def open_browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    chromium, driver = shutil.which("chromium") or shutil.which("google-chrome"), shutil.which("chromedriver")
-    if not chromium or not driver:
-        raise SystemExit("needs Chromium and its driver: sudo apt-get install chromium chromium-driver")
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1600,820", "--hide-scrollbars"):
-        options.add_argument(argument)
-    return webdriver.Chrome(service=Service(driver), options=options)
-
-
 def capture(driver, url: str, out: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -85,7 +72,7 @@ def main() -> None:
         tokenizers = args.tokenizers or make_shakespeare_tokenizers(Path(temporary)) + [
             name for name in ("gpt2", "cl100k_base", "o200k_base") if available_offline(name)]
         process, url = start_viewer(tokenizers)
-        driver = open_browser()
+        driver = open_browser("1600,820")
         try:
             capture(driver, url, args.out)
         finally:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from browser import open_browser
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = ["What is 3 + 4?", "Spell the word \"crown\" letter by letter."]  # the demo's fine-tuning tasks
@@ -46,20 +47,6 @@ def start_server(model: Path) -> tuple[subprocess.Popen, str]:
         if found:
             return process, found.group(0)
     raise SystemExit(f"gptlab serve exited ({process.wait()}) before listening")
-
-
-def open_browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    chromium, driver = shutil.which("chromium") or shutil.which("google-chrome"), shutil.which("chromedriver")
-    if not chromium or not driver:
-        raise SystemExit("needs Chromium and its driver: sudo apt-get install chromium chromium-driver")
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=960,720", "--hide-scrollbars"):
-        options.add_argument(argument)
-    return webdriver.Chrome(service=Service(driver), options=options)
 
 
 def converse(driver, url: str, out: Path) -> None:
@@ -95,7 +82,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as temporary:
         model = args.model or make_random_chat_model(Path(temporary) / "random-chat-model")
         process, url = start_server(model)
-        driver = open_browser()
+        driver = open_browser("960,720")
         try:
             converse(driver, url, args.out)
         finally:

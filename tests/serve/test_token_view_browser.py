@@ -4,7 +4,6 @@ HTML, chat mode shows special tokens as badges, and a 1 MB paste is counted exac
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +13,8 @@ import pytest
 from gptlab.chat import ChatFormat, add_chat_tokens
 from gptlab.tokenizer import Tokenizer
 from gptlab.tokenizer.pretrained import load_any
+from tests.serve.browser import headless_chromium
 
-BROWSER_INSTALL = "sudo apt-get install chromium chromium-driver"
 ROOT = Path(__file__).resolve().parents[2]
 TRAINING_TEXT = "The quick brown fox jumps over the lazy dog.\nNo, the dog was not lazy; it slept.\n" * 30
 PARAGRAPH = "First Citizen:\nBefore we proceed any further, hear me speak. ünïcödé 世界 😀\tend\n\n"
@@ -50,20 +49,7 @@ def server(trained):
 
 @pytest.fixture(scope="module")
 def browser():
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    driver_path = shutil.which("chromedriver")
-    if not chromium or not driver_path:
-        pytest.skip(f"the token viewer test needs Chromium and its driver: {BROWSER_INSTALL}")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1200,900"):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    yield driver
-    driver.quit()
+    yield from headless_chromium("token viewer", "1200,900")
 
 
 @pytest.fixture(scope="module")

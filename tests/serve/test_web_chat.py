@@ -5,7 +5,6 @@ server errors are shown, and model output is text, never HTML."""
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.chat import reference as chat_reference
+from tests.serve.browser import headless_chromium
 
 MAX_TOKENS = 16
-BROWSER_INSTALL = "sudo apt-get install chromium chromium-driver"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -48,20 +47,7 @@ def server(chat_model):
 
 @pytest.fixture(scope="module")
 def browser():
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    driver_path = shutil.which("chromedriver")
-    if not chromium or not driver_path:
-        pytest.skip(f"the web chat test needs Chromium and its driver: {BROWSER_INSTALL}")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1000,800"):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    yield driver
-    driver.quit()
+    yield from headless_chromium("web chat", "1000,800")
 
 
 class Page:
