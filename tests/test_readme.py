@@ -115,6 +115,7 @@ RUNS: dict[str, Scale] = {
     "gptlab tokenizer show -t sp8k/tokenizer.model": Scale(needs=(SP_TRAIN,)),
     "gptlab data prepare shakespeare -t sp8k/ --out data/shakespeare-sp8k": Scale(needs=(SP_TRAIN,)),
     "from gptlab.tokenizer.sp_train import train_sentencepiece": Scale(),
+    "gptlab run --tokenizer.style sentencepiece --out runs/shakespeare-sp": Scale(extra=RUN_SMALL),
     "gptlab tokenizer view": VIEWER,
     "gptlab tokenizer view tok/ sp8k/tokenizer.model gpt2": dataclasses.replace(VIEWER, needs=(TOKENIZER, SP_TRAIN)),
     "from gptlab.tokenizer import Tokenizer": Scale(setup="tokenizer_files"),
