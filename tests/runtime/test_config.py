@@ -39,7 +39,7 @@ def test_config_overrides_reject_mistakes(overrides, message):
 
 def test_config_snapshot_is_json_of_every_field():
     data = json.loads(config_to_json(RunConfig()))
-    assert data["tokenizer"] == {"vocab_size": 4096, "pattern": "gpt4", "special_tokens": ["<|endoftext|>"]}
+    assert data["tokenizer"] == {"style": "bytelevel", "vocab_size": 4096, "pattern": "gpt4", "special_tokens": ["<|endoftext|>"]}
 
 
 def test_config_overrides_are_checked_once_on_the_final_values_so_order_never_matters():
