@@ -163,3 +163,21 @@ def test_token_view_shows_a_sentencepiece_model_with_the_librarys_ids_pieces_and
     byte_pieces = {i: piece for i, piece in result["pieces"].items() if re.fullmatch(r"<0x[0-9A-F]{2}>", piece)}
     assert all(result["table"][i] == piece[3:5].lower() for i, piece in byte_pieces.items())  # each piece's one byte
     assert b"".join(bytes.fromhex(result["table"][str(i)]) for i in result["ids"][-3:]) == "ꙮ".encode()
+
+
+def test_token_view_behind_an_api_key_encodes_only_with_it():
+    """`gptlab serve --api-key`: the viewer's encoding needs the key as the model's API does; the page itself loads."""
+    from fastapi.testclient import TestClient
+
+    from gptlab.serve.token_view import TokenizerSet, build_token_view
+    from gptlab.tokenizer import Tokenizer
+
+    tok = Tokenizer.train(["hello world"], vocab_size=260)
+    client = TestClient(build_token_view(TokenizerSet({"tiny": tok}), api_key="s3cret"))
+    body = {"text": "hello", "tokenizers": ["tiny"]}
+    refused = client.post("/tokenizer/api/encode", json=body)
+    assert refused.status_code == 401 and "API key" in refused.json()["error"]["message"]
+    assert client.post("/tokenizer/api/encode", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    answer = client.post("/tokenizer/api/encode", json=body, headers={"Authorization": "Bearer s3cret"})
+    assert answer.status_code == 200 and answer.json()["results"][0]["ids"] == tok.encode("hello")
+    assert client.get("/tokenizer/").status_code == 200

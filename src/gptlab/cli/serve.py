@@ -93,7 +93,7 @@ def run_serve(args: argparse.Namespace) -> int:
                         access_log=None if args.no_access_log else say, best_of=args.best_of, reward=reward)
         from gptlab.serve.token_view import build_token_view, model_tokenizers, with_token_view
 
-        app = with_token_view(app, build_token_view(model_tokenizers(args.name or args.checkpoint, tokenizer)))
+        app = with_token_view(app, build_token_view(model_tokenizers(args.name or args.checkpoint, tokenizer), api_key=args.api_key))
         port = sock.getsockname()[1]
         shown = f"[{args.host}]" if ":" in args.host else args.host
         say(f"gptlab serve: {args.checkpoint} ({'chat' if chat_format else 'completions only'}, {args.slots} slots)")

@@ -100,12 +100,7 @@ def build_app(
     block_size = engine.model.config.block_size
     runner = Runner(engine, tokenizer, model_name, max_tokens_limit, best_of=best_of, reward=reward)
 
-    def check_key(authorization: str | None = Header(default=None)) -> None:
-        if api_key is None:
-            return
-        scheme, _, given = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
-            raise APIError(401, "missing or wrong API key: send the header `Authorization: Bearer KEY`", code="invalid_api_key")
+    check_key = key_checker(api_key)
 
     def check_model(name: str | None) -> None:
         if name is not None and name != model_name:
@@ -164,6 +159,19 @@ def build_app(
         return await runner.respond(body, prompts, () if eot is None else (eot,), chat=False, http=http, reward_prompts=texts)
 
     return app
+
+
+def key_checker(api_key: str | None, hint: str = ""):
+    """A FastAPI dependency refusing (401) a request without `Authorization: Bearer API_KEY`; none when no key is set."""
+
+    def check_key(authorization: str | None = Header(default=None)) -> None:
+        if api_key is None:
+            return
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
+            raise APIError(401, f"missing or wrong API key: send the header `Authorization: Bearer KEY`{hint}", code="invalid_api_key")
+
+    return check_key
 
 
 def check_api_key(api_key: str | None) -> None:

@@ -29,13 +29,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from gptlab.chat import ChatFormat, add_chat_tokens
 from gptlab.runtime import GptlabError
-from gptlab.serve.app import APIError, add_error_handlers
+from gptlab.serve.app import APIError, add_error_handlers, key_checker
 from gptlab.serve.limits import BodyLimit
 from gptlab.tokenizer.pretrained import available_offline, load_any
 
@@ -176,8 +176,12 @@ class EncodeRequest(BaseModel):
     mode: Literal["text", "chat"] = "text"  # chat: `text` is role-tagged turns
 
 
-def build_token_view(tokenizers: TokenizerSet, *, max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
-    """The viewer as its own app: the page and API under /tokenizer, and / sending the browser there."""
+def build_token_view(tokenizers: TokenizerSet, *, max_request_bytes: int = MAX_REQUEST_BYTES, api_key: str | None = None) -> FastAPI:
+    """The viewer as its own app: the page and API under /tokenizer, and / sending the browser there.
+
+    With `api_key` (`gptlab serve --api-key`) encoding needs the key, as the model's API does; the page sends the one
+    the web chat keeps in the browser."""
+    check_key = key_checker(api_key, " (enter it in the web chat's API key field, at /)")
     app = FastAPI(title="gptlab token viewer", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
     add_error_handlers(app)
@@ -201,7 +205,7 @@ def build_token_view(tokenizers: TokenizerSet, *, max_request_bytes: int = MAX_R
     async def names() -> dict:
         return {"tokenizers": tokenizers.names}
 
-    @app.post(PREFIX + "/api/encode")
+    @app.post(PREFIX + "/api/encode", dependencies=[Depends(check_key)])
     def encode(body: EncodeRequest) -> JSONResponse:  # plain def: FastAPI runs it in a worker thread, the loop stays free
         try:
             body.text.encode("utf-8")

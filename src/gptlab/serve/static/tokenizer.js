@@ -12,6 +12,15 @@ const strict = new TextDecoder('utf-8', {fatal: true});
 const state = {all: [], chosen: [], mode: 'text', showIds: false, results: [], timer: 0, controller: null, sequence: 0};
 const $ = (selector) => document.querySelector(selector);
 
+// `gptlab serve --api-key`: the key the web chat keeps in this browser (same origin), sent as the API wants it.
+function requestHeaders() {
+  const headers = {'Content-Type': 'application/json'};
+  let key = null;
+  try { key = window.localStorage.getItem('gptlab.apiKey'); } catch (error) { key = null; }
+  if (key) headers.Authorization = `Bearer ${key}`;
+  return headers;
+}
+
 function hexToBytes(hex) {
   const bytes = new Uint8Array(hex.length / 2);
   for (let i = 0; i < bytes.length; i++) bytes[i] = parseInt(hex.substr(2 * i, 2), 16);
@@ -174,7 +183,7 @@ async function encodeNow() {
     if (!state.chosen.length) { state.results = []; drawAll(); setStatus('Choose a tokenizer above.'); return; }
     if (state.mode === 'chat' && !text.trim()) { state.results = []; drawAll(); setStatus('Write a conversation: user: …'); return; }
     const response = await fetch('api/encode', {
-      method: 'POST', headers: {'Content-Type': 'application/json'}, signal: controller.signal,
+      method: 'POST', headers: requestHeaders(), signal: controller.signal,
       body: JSON.stringify({text, tokenizers: state.chosen, mode: state.mode}),
     });
     const body = await response.json().catch(() => ({error: {message: `the server answered ${response.status}`}}));
