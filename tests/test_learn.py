@@ -32,6 +32,9 @@ TIMEOUT = 120  # seconds per block: each is meant to take a few
 FENCE = re.compile(r"^\s*```(\w*)\s*$")  # indented too: blocks inside list items
 NOT_RUN = re.compile(r"^<!--\s*not run\b:?\s*(.*?)\s*-->$")
 SECTIONS = ("In gptlab", "Run it", "Try this")
+# glibc hands every allocation over 32 MB (a GPT-2-vocabulary logits tensor) back to the OS when freed, so each eval
+# batch pays ~100k page faults again (7 of 13 s of `gptlab eval` on the evaluation page); the snippets keep it instead
+KEEP_FREED_MEMORY = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 34)}
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ def read_blocks(page: Path) -> list[Block]:
 def learn_env() -> dict[str, str]:
     """This environment's tools first; one thread, so a block's speed and numbers do not depend on the host's cores."""
     env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""), OMP_NUM_THREADS="1", MPLBACKEND="Agg",
-               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1")
+               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1", **KEEP_FREED_MEMORY)
     env.pop("PYTHONPATH", None)
     return env
 
