@@ -268,9 +268,13 @@ def count_words(segments: dict[str, int], characters: set[str]) -> Counter:
 
 def _script_table() -> tuple[regex.Pattern, dict[str, str]]:
     """One pattern with a group per Unicode script, from the `regex` package's own Unicode data."""
-    import regex._regex_core as core  # the public API matches a script by name, but does not list the names
+    try:  # the public API matches a script by name, but does not list the names
+        from regex._regex_core import PROPERTIES
 
-    _, values = core.PROPERTIES["SCRIPT"]
+        _, values = PROPERTIES["SCRIPT"]
+    except (ImportError, KeyError, TypeError, ValueError) as error:
+        raise GptlabError(f"this `regex` release ({regex.__version__}) does not list Unicode scripts as gptlab expects ({error!r}): "
+                          "train with split_by_unicode_script=False, or install the release requirements.lock pins") from None
     names: dict[int, str] = {}
     for name, value in values.items():
         names.setdefault(value, name)
