@@ -94,7 +94,7 @@ def load_any(spec: str | os.PathLike) -> Tokenizer:
         return load_pretrained(str(spec))
     raise GptlabError(
         f"no tokenizer at {str(spec)!r}: give a folder made by `gptlab tokenizer train`, a Hugging Face tokenizer "
-        f"folder, or one of {', '.join(NAMES)}"
+        f"folder, a SentencePiece .model file, or one of {', '.join(NAMES)}"
     )
 
 
