@@ -12,7 +12,8 @@ choice can be measured alone: `position`, `norm` and `activation` ("" = the arch
 `qk_norm`, `tie_embeddings`, `logit_softcap`, `zero_init`, and sliding-window attention
 (`attn_window` with `window_pattern`). Their defaults are the families as they were.
 `attention` and `norm_impl` choose how attention and RMSNorm are computed (gptlab.kernels), not what:
-every choice gives the same numbers.
+every choice gives the same numbers. `moe` (MoEConfig) makes feed-forward layers sparse: a mixture of experts
+(gptlab.model.moe); its default, n_experts 0, is the dense model.
 
 Presets are functions of no arguments returning a config; `preset(name)` looks them up.
 Not here: the layers (gptlab.model.gpt).
@@ -20,7 +21,7 @@ Not here: the layers (gptlab.model.gpt).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from gptlab.runtime import GptlabError
 
@@ -34,6 +35,45 @@ CHOICES = {"position": ("learned", "rotary"), "norm": ("layer", "rms"), "activat
 # How attention and RMSNorm are computed: the same numbers (tests/kernels), other speed and memory.
 ATTENTIONS = ("sdpa", "math", "flash", "triton")
 NORM_IMPLS = ("torch", "triton")
+ROUTER_SCORES = ("softmax", "sigmoid")
+MOE_IMPLS = ("grouped", "loop")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoEConfig:
+    """Sparse feed-forward layers (gptlab.model.moe): each token goes to top_k of n_experts small MLPs.
+
+    Top-k softmax routing with renormalised weights is Mixtral's and Qwen3-MoE's; sigmoid scores with a bias
+    update and no auxiliary loss are DeepSeek-V3's; shared experts are DeepSeekMoE's; capacity is Switch's."""
+
+    n_experts: int = 0  # routed experts per sparse layer (0: a dense model, the default)
+    top_k: int = 2  # experts each token is sent to
+    expert_hidden: int = 0  # hidden width of each expert (0: the dense MLP's, mlp_hidden); smaller = fine-grained
+    n_shared: int = 0  # shared experts every token also passes through, expert_hidden wide each (DeepSeekMoE)
+    first_dense: int = 0  # the first layers keep a dense MLP (DeepSeek-V3: 3)
+    every: int = 1  # after them, every k-th layer is sparse, the others dense (Switch, GShard: 2)
+    score: str = "softmax"  # router scores: softmax over experts (Mixtral, Qwen3-MoE) | sigmoid per expert (DeepSeek-V3)
+    normalize: bool = True  # the top_k weights are rescaled to sum to 1 (Mixtral; Qwen3-MoE's norm_topk_prob)
+    aux_loss: float = 0.01  # load-balance loss coefficient (Switch: n_experts * sum_i f_i P_i, 1.0 when balanced); 0 off
+    z_loss: float = 0.0  # router z-loss coefficient (ST-MoE: mean logsumexp(router logits)^2); 0 off
+    bias_update: float = 0.0  # DeepSeek-V3 balancing without a loss: each step an expert's routing bias moves by this
+    capacity_factor: float = 0.0  # > 0: an expert takes at most factor * tokens * top_k / n_experts, the rest are dropped; 0: dropless
+    impl: str = "grouped"  # grouped: tokens sorted by expert, one grouped matmul | loop: a per-expert loop (the reference)
+
+    def __post_init__(self) -> None:
+        if self.n_experts < 0 or self.n_shared < 0 or self.expert_hidden < 0 or self.first_dense < 0:
+            raise GptlabError("moe.n_experts, n_shared, expert_hidden and first_dense must be 0 or more")
+        if self.n_experts and not 1 <= self.top_k <= self.n_experts:
+            raise GptlabError(f"moe.top_k must be between 1 and moe.n_experts ({self.n_experts}), got {self.top_k}")
+        if self.every < 1:
+            raise GptlabError(f"moe.every must be at least 1 (every layer sparse), got {self.every}")
+        if self.score not in ROUTER_SCORES:
+            raise GptlabError(f"unknown moe.score {self.score!r}; use one of {', '.join(ROUTER_SCORES)}")
+        if self.impl not in MOE_IMPLS:
+            raise GptlabError(f"unknown moe.impl {self.impl!r}; use one of {', '.join(MOE_IMPLS)}")
+        for name in ("aux_loss", "z_loss", "bias_update", "capacity_factor"):
+            if not 0.0 <= getattr(self, name) < float("inf"):
+                raise GptlabError(f"moe.{name} must be 0 (off) or a positive number, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +107,7 @@ class ModelConfig:
     # triton here and below: where its kernels cannot run (a CPU without TRITON_INTERPRET=1), the PyTorch path runs.
     attention: str = "sdpa"
     norm_impl: str = "torch"  # RMSNorm: torch (F.rms_norm) | triton (fused kernel, gptlab.kernels.triton_rmsnorm)
+    moe: MoEConfig = field(default_factory=MoEConfig)  # mixture of experts: sparse feed-forward layers (dense by default)
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:
@@ -90,6 +131,11 @@ class ModelConfig:
             raise GptlabError(f"logit_softcap must be 0 (off) or a positive number, got {self.logit_softcap}")
         self._check_window()
         self._check_kernels()
+        if isinstance(self.moe, dict):  # from a JSON snapshot (config.json)
+            object.__setattr__(self, "moe", MoEConfig(**self.moe))
+        if self.moe.n_experts and not any(self.sparse_layers):
+            raise GptlabError(f"moe.first_dense={self.moe.first_dense} leaves no sparse layer in {self.n_layer}; "
+                              f"set it below n_layer")
 
     def _check_window(self) -> None:
         if self.attn_window < 0:
@@ -133,6 +179,23 @@ class ModelConfig:
         if not self.gated:
             return 4 * self.n_embd
         return -(-(8 * self.n_embd // 3) // 64) * 64
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe.n_experts > 0
+
+    @property
+    def sparse_layers(self) -> tuple[bool, ...]:
+        """Per layer, whether its feed-forward is a mixture of experts: the layers from moe.first_dense on, every
+        moe.every-th of them (n_layer 6, first_dense 1, every 2 -> F F T F T F). All False for a dense model."""
+        moe = self.moe
+        return tuple(bool(moe.n_experts) and layer >= moe.first_dense and (layer - moe.first_dense + 1) % moe.every == 0
+                     for layer in range(self.n_layer))
+
+    @property
+    def expert_hidden(self) -> int:
+        """Hidden width of one expert: moe.expert_hidden, or the dense MLP's."""
+        return self.moe.expert_hidden or self.hidden_dim
 
     @property
     def position_kind(self) -> str:
@@ -189,6 +252,10 @@ PRESETS = {
     "llama-mini": lambda: _llama(4, 4, 2, 128, block_size=256),
     "llama-tiny": lambda: replace(_llama(2, 4, 2, 32, block_size=64), vocab_size=512),
     "llama-124m": lambda: _llama(12, 12, 4, 768),
+    # Mixture of experts: the llama shapes with 8 (4) experts, 2 per token, each half the dense width: the same active size.
+    "moe-mini": lambda: replace(_llama(4, 4, 2, 128, block_size=256), moe=MoEConfig(n_experts=8, top_k=2, expert_hidden=192)),
+    "moe-tiny": lambda: replace(_llama(2, 4, 2, 32, block_size=64), vocab_size=512,
+                                moe=MoEConfig(n_experts=4, top_k=2, expert_hidden=64)),
 }
 
 

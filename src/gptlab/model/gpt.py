@@ -45,6 +45,7 @@ only reads and appends to it. Single device, no optimizer, no tokenizer.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -55,6 +56,7 @@ from torch.utils.checkpoint import checkpoint
 from gptlab.kernels import flash_attention, triton_flash_attention, triton_rms_norm, triton_runs_on
 from gptlab.model.config import ATTENTIONS, ModelConfig
 from gptlab.model.loss import linear_cross_entropy
+from gptlab.model.moe import MoE, recomputing
 from gptlab.runtime import GptlabError
 
 
@@ -153,6 +155,11 @@ class CausalSelfAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
 
 
+def _recompute_contexts():
+    """(the first forward's context, the recompute's): a sparse layer counts its statistics once."""
+    return contextlib.nullcontext(), recomputing()
+
+
 def causal_mask(T: int, S: int, device=None) -> torch.Tensor:
     """(1, 1, T, S) bool: the T queries are the last T of S positions, each sees itself and the keys before it."""
     return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)[None, None]
@@ -203,12 +210,12 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config)
         self.ln_2 = make_norm(config)
-        self.mlp = MLP(config)
+        self.mlp = MoE(config) if config.sparse_layers[layer] else MLP(config)  # sparse: gptlab.model.moe
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, rotary=None, cache=None, layer: int = 0, mask=None, window: int = 0):
@@ -230,7 +237,7 @@ class GPT(nn.Module):
             {
                 "wte": nn.Embedding(config.padded_vocab_size, config.n_embd),
                 "drop": nn.Dropout(config.dropout),
-                "h": nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+                "h": nn.ModuleList(Block(config, layer) for layer in range(config.n_layer)),
                 "ln_f": make_norm(config),
             }
         )
@@ -244,6 +251,7 @@ class GPT(nn.Module):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.checkpoint_blocks = False  # set_activation_checkpointing
+        self.last_aux_loss: torch.Tensor | None = None  # the balance losses added to the last training loss (MoE)
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -262,6 +270,11 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        elif isinstance(module, MoE):  # the experts' weights, as the dense MLP's (the router is a Linear above)
+            nn.init.normal_(module.experts_fc, mean=0.0, std=0.02)
+            nn.init.normal_(module.experts_proj, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+            if self.config.zero_init:
+                nn.init.zeros_(module.experts_proj)
 
     def set_attention(self, impl: str) -> GPT:
         """"sdpa" (F.scaled_dot_product_attention: flash on CUDA), "math" (the explicit reference), "flash"
@@ -309,8 +322,9 @@ class GPT(nn.Module):
         """
         x = self.hidden_states(idx, cache=cache, positions=positions, mask=mask)
         if fused_loss and targets is not None and torch.is_grad_enabled():
-            return None, linear_cross_entropy(x, self.lm_head.weight, targets, self.config.vocab_size, self.config.logit_softcap,
-                                              ignore_index, loss_reduction)
+            loss = linear_cross_entropy(x, self.lm_head.weight, targets, self.config.vocab_size, self.config.logit_softcap,
+                                        ignore_index, loss_reduction)
+            return None, self._with_aux_loss(loss, targets, ignore_index, loss_reduction)
         if last_only and targets is None:
             x = x[:, -1:]
         logits = self.head_logits(x)
@@ -318,7 +332,23 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=ignore_index,
                                    reduction=loss_reduction)
-        return logits, loss
+        return logits, self._with_aux_loss(loss, targets, ignore_index, loss_reduction)
+
+    def moe_layers(self) -> list[MoE]:
+        """The sparse feed-forward layers, in order ([] for a dense model)."""
+        return [block.mlp for block in self.transformer["h"] if isinstance(block.mlp, MoE)]
+
+    def _with_aux_loss(self, loss, targets, ignore_index: int, reduction: str):
+        """Training with targets: the loss plus the sparse layers' balance losses (gptlab.model.moe), per counted
+        token under "sum" so a step's normalisation leaves their mean. `last_aux_loss` keeps the part added."""
+        self.last_aux_loss = None
+        if loss is None or not (self.training and self.config.is_moe and torch.is_grad_enabled()):
+            return loss
+        aux = sum(layer.aux_loss for layer in self.moe_layers())
+        self.last_aux_loss = aux.detach()
+        if reduction == "sum":
+            aux = aux * (targets != ignore_index).sum()
+        return loss + aux
 
     def hidden_states(self, idx: torch.Tensor, *, cache=None, positions: torch.Tensor | None = None,
                       mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -337,7 +367,7 @@ class GPT(nn.Module):
         recompute = self.checkpoint_blocks and self.training and cache is None and torch.is_grad_enabled()
         for layer, block in enumerate(self.transformer["h"]):
             if recompute:  # non-reentrant: any inputs, and the RNG replayed so dropout draws the same masks again
-                x = checkpoint(block, x, rotary, None, layer, *masks[layer], use_reentrant=False)
+                x = checkpoint(block, x, rotary, None, layer, *masks[layer], use_reentrant=False, context_fn=_recompute_contexts)
             else:
                 x = block(x, rotary, cache, layer, *masks[layer])
         if cache is not None:
