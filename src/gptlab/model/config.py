@@ -61,8 +61,9 @@ class MoEConfig:
     impl: str = "grouped"  # grouped: tokens sorted by expert, one grouped matmul | loop: a per-expert loop (the reference)
 
     def __post_init__(self) -> None:
-        if self.n_experts < 0 or self.n_shared < 0 or self.expert_hidden < 0 or self.first_dense < 0:
-            raise GptlabError("moe.n_experts, n_shared, expert_hidden and first_dense must be 0 or more")
+        for name in ("n_experts", "n_shared", "expert_hidden", "first_dense"):
+            if getattr(self, name) < 0:
+                raise GptlabError(f"moe.{name} must be 0 or more, got {getattr(self, name)}")
         if self.n_experts and not 1 <= self.top_k <= self.n_experts:
             raise GptlabError(f"moe.top_k must be between 1 and moe.n_experts ({self.n_experts}), got {self.top_k}")
         if self.every < 1:

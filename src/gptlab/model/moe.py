@@ -19,6 +19,8 @@ experts (collapse):
 Capacity (Switch): with capacity_factor > 0 an expert processes at most ceil(factor * N * top_k / E)
 assignments, first come first served in token order; the rest are dropped (the token's residual stream
 carries on without that expert) and counted. capacity_factor 0 is dropless (MegaBlocks, Gale et al., 2022).
+The cut applies in training only: evaluation and generation are dropless, so a token's output never depends on
+the rest of its batch.
 
 Two ways to compute the experts, the same numbers (tests/model/test_moe.py): `impl="loop"` is the reference,
 a loop over experts each taking its tokens; `impl="grouped"` sorts the assignments by expert and runs each
@@ -42,9 +44,11 @@ from dataclasses import replace
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.profiler import record_function
 
 from gptlab.model.config import ModelConfig
 
+STAT_NAMES = ("dropped", "assignments", "balance", "z", "forwards")  # pop_stats' scalars, after tokens (E,)
 _recomputing = False  # set while activation checkpointing runs a block again: its statistics were counted once
 
 
@@ -93,7 +97,7 @@ class MoE(nn.Module):
         self.register_buffer("route_bias", torch.zeros(moe.n_experts))  # DeepSeek-V3's balancing bias (saved)
         self.register_buffer("step_load", torch.zeros(moe.n_experts), persistent=False)  # since the last bias update
         self.aux_loss: torch.Tensor | None = None  # the weighted balance losses of the last training forward
-        self.stats: dict[str, torch.Tensor] = {}
+        self._stats: torch.Tensor | None = None  # summed statistics since pop_stats (_record)
 
     # ------------------------------------------------------------ forward
 
@@ -101,9 +105,14 @@ class MoE(nn.Module):
         """x (B, T, C) -> (B, T, C)."""
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        routing = self.route(flat)
-        routed = self.expert_forward(flat[routing.token], routing.counts)
-        y = torch.zeros_like(flat).index_add_(0, routing.token, (routed * routing.weight[:, None]).to(flat.dtype))
+        with record_function("moe.router"):  # ranges `gptlab profile` reports the router's share of the step by
+            routing = self.route(flat)
+        with record_function("moe.dispatch"):
+            xs = flat[routing.token]
+        with record_function("moe.experts"):
+            routed = self.expert_forward(xs, routing.counts)
+        with record_function("moe.dispatch"):
+            y = torch.zeros_like(flat).index_add_(0, routing.token, (routed * routing.weight[:, None]).to(flat.dtype))
         if self.shared is not None:
             y = y + self.shared(flat)
         if self.training:
@@ -129,8 +138,10 @@ class MoE(nn.Module):
         return Routing(order // moe.top_k, weight.reshape(-1)[order], counts, dropped, probs, logits, chosen_counts)
 
     def _capacity_keep(self, counts: torch.Tensor, sorted_expert: torch.Tensor, n_tokens: int) -> torch.Tensor | None:
-        """Which sorted assignments fit their expert's capacity (the first ones in token order); None: all."""
-        if not self.moe.capacity_factor:
+        """Which sorted assignments fit their expert's capacity (the first ones in token order); None: all.
+        Training only: in eval a token's output must not depend on the other rows of its batch or on how
+        generation splits prefill and decode (a cut would make cached decoding differ from a full forward)."""
+        if not self.moe.capacity_factor or not self.training:
             return None
         capacity = math.ceil(self.moe.capacity_factor * n_tokens * self.moe.top_k / self.moe.n_experts)
         starts = torch.cumsum(counts, 0) - counts  # where each expert's run begins in the sorted list
@@ -179,23 +190,25 @@ class MoE(nn.Module):
         return balance, z
 
     def _record(self, routing: Routing, n_tokens: int) -> None:
-        """The weighted losses for this forward (aux_loss); counts for the bias update and the metrics."""
+        """The weighted losses for this forward (aux_loss); counts for the bias update and the metrics, summed
+        as one vector (tokens (E,), then STAT_NAMES): one small tensor per forward rather than six."""
         balance, z = self.balance_losses(routing, n_tokens)
         self.aux_loss = self.moe.aux_loss * balance + self.moe.z_loss * z
         if _recomputing:
             return
         with torch.no_grad():
-            self.step_load += routing.chosen_counts.float()
-            for name, value in (("tokens", routing.counts.float()), ("dropped", torch.tensor(float(routing.dropped))),
-                                ("assignments", torch.tensor(float(n_tokens * self.moe.top_k))),
-                                ("balance", balance.detach()), ("z", z.detach()), ("forwards", torch.tensor(1.0))):
-                value = value.to(self.route_bias.device)
-                self.stats[name] = self.stats[name] + value if name in self.stats else value
+            self.step_load += routing.chosen_counts
+            counts = balance.new_tensor([routing.dropped, n_tokens * self.moe.top_k, 1.0])  # dropped, assignments, forwards
+            row = torch.cat([routing.counts.float(), counts[:2], balance[None], z[None], counts[2:]])
+            self._stats = row if self._stats is None else self._stats + row
 
     def pop_stats(self) -> dict[str, torch.Tensor]:
-        """The statistics summed since the last call (tokens (E,), dropped, assignments, balance, z, forwards)."""
-        stats, self.stats = self.stats, {}
-        return stats
+        """The statistics summed since the last call: tokens (E,) and STAT_NAMES; {} without a training forward."""
+        stats, self._stats = self._stats, None
+        if stats is None:
+            return {}
+        E = self.moe.n_experts
+        return {"tokens": stats[:E], **{name: stats[E + i] for i, name in enumerate(STAT_NAMES)}}
 
     @torch.no_grad()
     def update_routing_bias(self, load: torch.Tensor | None = None) -> None:
@@ -223,6 +236,9 @@ def grouped_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> t
 
 
 def _grouped_mm_fits(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Eager F.grouped_mm takes float32 and bfloat16; torch.compile's shape function (torch 2.10-2.13) only
+    bfloat16, so a compiled float32 model takes the padded matmul (tests/model/test_moe.py compiles one)."""
     aligned = 16 // x.element_size()
-    return (hasattr(F, "grouped_mm") and x.dtype == w.dtype and x.dtype in (torch.float32, torch.bfloat16)
+    dtypes = (torch.bfloat16,) if torch.compiler.is_compiling() else (torch.float32, torch.bfloat16)
+    return (hasattr(F, "grouped_mm") and x.dtype == w.dtype and x.dtype in dtypes
             and x.shape[1] % aligned == 0 and w.shape[2] % aligned == 0 and x.shape[0] > 0)
