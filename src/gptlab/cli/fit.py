@@ -26,7 +26,7 @@ def register(stages) -> None:
     parser.add_argument("--out", metavar="DIR", help="where to write the fit (default: RESULTS/fit, or fit/ beside a results file)")
     parser.add_argument("--target", nargs="+", default=[], metavar="C", help="FLOP budgets to predict at (default: the sweep's "
                         "largest x10 and x1000)")
-    parser.add_argument("--count", choices=["total", "non_embedding", "matmul"],
+    parser.add_argument("--count", choices=["total", "non_embedding", "matmul", "active"],
                         help="the N the laws are stated in (default: the sweep's)")
     parser.add_argument("--loss", default="val_loss", choices=["val_loss", "train_loss", "val_bpb"], help="the loss fitted (default val_loss)")
     parser.add_argument("--samples", type=int, default=500, help="bootstrap resamples for the intervals (default 500: about 30 s for 12 runs)")

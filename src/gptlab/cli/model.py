@@ -88,8 +88,11 @@ def run_info(args: argparse.Namespace) -> int:
     print(f"switches    {_switches(config)}")
     print(f"params      total {_count(counts['total'])}, non-embedding {_count(counts['non_embedding'])}, "
           f"embeddings {_count(counts['embeddings'])}")
+    if config.is_moe:
+        _print_moe(config, counts)
     print(f"FLOPs/token training {flops['training']:,} = 6N {flops['dense']:,} + attention {flops['attention']:,} "
-          f"(N = {flops['matmul_params']:,} matmul params, T = {seq_len}); forward {flops['forward']:,}")
+          f"(N = {flops['matmul_params']:,} {'active ' if config.is_moe else ''}matmul params, T = {seq_len}); "
+          f"forward {flops['forward']:,}")
     label = args.device_peak.lower() if args.device_peak.lower() in PEAK_FLOPS else "custom"
     print(f"throughput  datasheet arithmetic, {label} peak {peak / 1e12:g} TFLOP/s: "
           f"40% MFU = {tokens_per_second_at(0.4, config, seq_len, peak):,.0f} tokens/s, "
@@ -104,6 +107,23 @@ def run_info(args: argparse.Namespace) -> int:
     for part in ("parameters", "gradients", "optimizer", "activations", "weight_casts", "logits", "logit_grads", "total"):
         print(f"  {part:<13}{memory[part] / GIB:8.2f}")
     return 0
+
+
+def _print_moe(config, counts: dict[str, int]) -> None:
+    """Active vs stored parameters of a mixture of experts, and what each stored parameter costs in training."""
+    from gptlab.model.accounting import parameter_memory
+
+    moe, memory = config.moe, parameter_memory(config)
+    sparse = sum(config.sparse_layers)
+    print(f"experts     {sparse} of {config.n_layer} layers sparse: {moe.n_experts} experts ({config.expert_hidden} wide), "
+          f"top {moe.top_k}, {moe.n_shared} shared; routed experts {_count(counts['experts'])}, routers {_count(counts['routers'])}, "
+          f"shared experts {_count(counts['shared_experts'])}")
+    print(f"active      {_count(counts['active'])} of {_count(counts['total'])} parameters per token "
+          f"({counts['active'] / counts['total']:.0%}); FLOPs below count the active ones")
+    mib = 2**20
+    print(f"per param   {memory['per_param']} bytes for every stored parameter (fp32 weight + gradient + AdamW "
+          f"{memory['optimizer_per_param']}): experts {memory['experts'] / mib:,.2f} MiB, the rest {memory['rest'] / mib:,.2f} MiB, "
+          f"optimizer state {memory['optimizer'] / mib:,.2f} MiB (every expert's)")
 
 
 def _measuring_runtime(args: argparse.Namespace):

@@ -53,8 +53,9 @@ def register(stages) -> None:
                         help="depths (4: nanochat's shape, width 64 x depth), shapes LAYERSxWIDTH (2x128) or model presets")
     parser.add_argument("--lr-scales", nargs="+", default=["1"], metavar="X",
                         help="multiples of each size's lr (the depth dial's sqrt-width rule); several let `gptlab fit` fit an lr law")
-    parser.add_argument("--count", default="total", choices=["total", "non_embedding", "matmul"],
-                        help="the N of C = 6 N D: total (Chinchilla, default), non_embedding (Kaplan) or matmul")
+    parser.add_argument("--count", default="total", choices=["total", "non_embedding", "matmul", "active"],
+                        help="the N of C = 6 N D: total (Chinchilla, default), non_embedding (Kaplan), matmul, or active "
+                        "(what a token multiplies: = matmul for dense, top_k experts for MoE; fits dense and MoE together)")
     parser.add_argument("--head-dim", type=int, default=64, help="head size of LAYERSxWIDTH shapes (default 64)")
     parser.add_argument("--min-steps", type=int, default=20, help="refuse grid points with fewer optimizer steps (default 20)")
     parser.add_argument("--tokens-per-param", nargs=2, type=float, metavar=("LOW", "HIGH"),

@@ -13,6 +13,10 @@ V' = padded vocab, T = seq_len, B = batch size.
                + autocast weight copies + logits + the loss's gradients (the fused loss: one chunk's
                logits + the input and head gradients it makes in its forward)
 
+A mixture of experts (config.moe) is counted twice: total, every expert stored (what memory, gradients and
+AdamW state pay for: parameter_memory), and active, what one token multiplies (router + top_k routed experts +
+shared experts + everything dense: what the FLOPs, MFU and `--count active` use).
+
 Not here: measuring anything (gptlab.train.metrics reports measured throughput; gptlab.train.profile
 puts these figures beside measured ones).
 """
@@ -40,29 +44,34 @@ OPTIMIZER_STATES = {"adamw": 2, "sgd": 1, "none": 0}  # tensors of the parameter
 
 
 def param_counts(config: ModelConfig) -> dict[str, int]:
-    """Parameters by formula: total (tied weights once), embeddings (wte with its padded rows, wpe), non-embedding.
+    """Parameters by formula: total (tied weights once), embeddings (wte with its padded rows, wpe), non-embedding,
+    and for a mixture of experts what one token uses (active) beside what is stored (total).
 
     Per block: two norms (LayerNorm d weights + d biases where `config.bias`, RMSNorm d), c_attn d(a + 2k)h_d,
     c_proj d^2, c_fc dF (2dF for SwiGLU: gate and up), c_proj Fd, with biases where `config.bias` (c_attn's also where `qkv_bias`);
     QK-norm adds 2 h_d. Rotary positions have no table, learned ones wpe. Non-embedding = total - wte - wpe - (lm_head if untied),
     the same split as `GPT.num_params(embeddings=False)`. Example: gpt2 -> 124,475,904 total,
     85,056,000 non-embedding.
+
+    A sparse layer (config.sparse_layers) has, instead of the MLP, a router dE, E routed experts of
+    d x 2H + H x d each (SwiGLU; dH + Hd otherwise; no biases) and n_shared experts as one bias-free MLP
+    n_shared H wide. A token runs the router, top_k experts and the shared ones: active = total - (E - top_k)
+    experts per sparse layer. `experts` counts every routed expert; `per_block` is a dense block's size.
     """
-    d, F = config.n_embd, config.hidden_dim
-    bias = 1 if config.bias else 0
+    d = config.n_embd
     norm = d + (d if config.norm_kind == "layer" and config.bias else 0)  # LayerNorm weight (+ bias); RMSNorm weight only
-    qkv_out = (config.n_head + 2 * config.kv_heads) * config.head_dim
-    qkv_bias = 1 if config.bias or config.qkv_bias else 0  # Qwen2: biases on q, k, v alone
-    attention = d * qkv_out + qkv_bias * qkv_out + d * d + bias * d
-    if config.qk_norm:
-        attention += 2 * config.head_dim
-    fc_out = 2 * F if config.gated else F  # SwiGLU: gate and up fused; gelu and relu2 are not gated
-    mlp = d * fc_out + bias * fc_out + F * d + bias * d
-    block = 2 * norm + attention + mlp
+    attention = _attention_params(config)
+    dense_block = 2 * norm + attention + _mlp_params(config, config.hidden_dim, config.bias)
+    sparse = sum(config.sparse_layers)
+    moe = config.moe
+    expert = _mlp_params(config, config.expert_hidden, False) if sparse else 0
+    shared = _mlp_params(config, moe.n_shared * config.expert_hidden, False) if sparse and moe.n_shared else 0
+    sparse_block = 2 * norm + attention + d * moe.n_experts + moe.n_experts * expert + shared
     wte = config.padded_vocab_size * d
     wpe = config.block_size * d if config.position_kind == "learned" else 0
     lm_head = 0 if config.tie_embeddings else config.padded_vocab_size * d
-    non_embedding = config.n_layer * block + norm
+    non_embedding = (config.n_layer - sparse) * dense_block + sparse * sparse_block + norm
+    idle = sparse * (moe.n_experts - moe.top_k) * expert  # routed experts a token does not visit
     return {
         "total": non_embedding + wte + wpe + lm_head,
         "embeddings": wte + wpe + lm_head,
@@ -70,8 +79,27 @@ def param_counts(config: ModelConfig) -> dict[str, int]:
         "wte": wte,
         "wpe": wpe,
         "lm_head": lm_head,
-        "per_block": block,
+        "per_block": dense_block,
+        "active": non_embedding + wte + wpe + lm_head - idle,
+        "active_non_embedding": non_embedding - idle,
+        "experts": sparse * moe.n_experts * expert,
+        "routers": sparse * d * moe.n_experts,
+        "shared_experts": sparse * shared,
     }
+
+
+def _attention_params(config: ModelConfig) -> int:
+    """c_attn (with q, k, v biases where `bias` or `qkv_bias`) + c_proj (+ bias) + QK-norm's two weights."""
+    d, bias = config.n_embd, 1 if config.bias else 0
+    qkv_out = (config.n_head + 2 * config.kv_heads) * config.head_dim
+    qkv_bias = 1 if config.bias or config.qkv_bias else 0  # Qwen2: biases on q, k, v alone
+    return d * qkv_out + qkv_bias * qkv_out + d * d + bias * d + (2 * config.head_dim if config.qk_norm else 0)
+
+
+def _mlp_params(config: ModelConfig, hidden: int, bias: bool) -> int:
+    """One MLP `hidden` wide: c_fc d x F (2F for SwiGLU: gate and up; gelu and relu2 are not gated), c_proj F x d."""
+    fc_out = 2 * hidden if config.gated else hidden
+    return config.n_embd * fc_out + hidden * config.n_embd + (fc_out + config.n_embd if bias else 0)
 
 
 def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> dict[str, int]:
@@ -87,14 +115,16 @@ def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> dict[str
 
     N counts the parameters used in matmuls: non-embedding + the lm_head matrix V'd (computed over
     the padded rows; tied or not). Embedding lookups (wte, wpe) are not matmuls. For tied GPT-2 that is
-    nanoGPT's `get_num_params()` (total - wpe). 12 L d T is QK^T and AV over the full T x T square,
+    nanoGPT's `get_num_params()` (total - wpe). For a mixture of experts N is the active count (param_counts'
+    active_non_embedding: the router, top_k routed experts and the shared ones per sparse layer), so 6N is
+    what one token costs, not what is stored (`stored_matmul_params`: every matrix). 12 L d T is QK^T and AV over the full T x T square,
     forward and backward, without halving for the causal mask; norms, softmax and the loss are left out.
     """
     seq_len = config.block_size if seq_len is None else seq_len
     if seq_len < 1:
         raise GptlabError(f"seq_len must be at least 1, got {seq_len}")
     counts = param_counts(config)
-    matmul_params = counts["non_embedding"] + config.padded_vocab_size * config.n_embd
+    matmul_params = counts["active_non_embedding"] + config.padded_vocab_size * config.n_embd
     keys = sum(min(seq_len, window) if window else seq_len for window in config.layer_windows)  # sum_l T_l
     attention = config.n_head * config.head_dim * keys
     return {
@@ -108,22 +138,30 @@ def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> dict[str
 
 
 # The parameter count N a scaling law is stated in: Chinchilla counts every parameter (total), Kaplan et al. (2020)
-# leave out the embeddings (non_embedding), and 6N FLOPs per token counts the matrices multiplied (matmul).
-PARAM_CONVENTIONS = ("total", "non_embedding", "matmul")
+# leave out the embeddings (non_embedding), matmul counts every matrix multiplied, and active the matrices one token
+# multiplies (6N FLOPs per token): for a mixture of experts top_k of the experts, for a dense model the same as matmul.
+# Fitting dense and MoE runs together under the same FLOP budgets takes active.
+PARAM_CONVENTIONS = ("total", "non_embedding", "matmul", "active")
 
 
 def scaling_params(config: ModelConfig) -> dict[str, int]:
     """N under each convention of PARAM_CONVENTIONS, and the embeddings they differ by.
 
-    Example: gpt2 -> total 124,475,904, non_embedding 85,056,000, matmul 123,689,472 (the blocks + the head over 50,304 padded rows).
+    Example: gpt2 -> total 124,475,904, non_embedding 85,056,000, matmul = active 123,689,472 (the blocks + the head
+    over 50,304 padded rows). moe-tiny: matmul counts all 4 experts of each layer, active the top 2.
     """
     counts = param_counts(config)
-    return {"total": counts["total"], "non_embedding": counts["non_embedding"],
-            "matmul": flops_per_token(config)["matmul_params"], "embeddings": counts["embeddings"]}
+    return {"total": counts["total"], "non_embedding": counts["non_embedding"], "matmul": stored_matmul_params(config),
+            "active": flops_per_token(config)["matmul_params"], "embeddings": counts["embeddings"]}
+
+
+def stored_matmul_params(config: ModelConfig) -> int:
+    """Every matrix a forward may multiply: non-embedding + the head V'd, all experts included (dense: = active)."""
+    return param_counts(config)["non_embedding"] + config.padded_vocab_size * config.n_embd
 
 
 def count_params(config: ModelConfig, convention: str) -> int:
-    """N of `config` under one convention ("total", "non_embedding" or "matmul")."""
+    """N of `config` under one convention ("total", "non_embedding", "matmul" or "active")."""
     if convention not in PARAM_CONVENTIONS:
         raise GptlabError(f"unknown parameter count {convention!r}; use one of {', '.join(PARAM_CONVENTIONS)}")
     return scaling_params(config)[convention]
@@ -169,8 +207,9 @@ def activation_bytes_per_layer(
     param_dtype: str | torch.dtype = "fp32",
     amp: str | torch.dtype = "bf16",
     flash_attention: bool = True,
+    sparse: bool = False,
 ) -> int:
-    """Bytes one block keeps for backward, following Korthikanti et al. 2022 ("Reducing Activation
+    """Bytes one block keeps for backward (`sparse`: a mixture-of-experts block, see _sparse_mlp_bytes), following Korthikanti et al. 2022 ("Reducing Activation
     Recomputation in Large Transformer Models", sec. 4.1) term by term.
 
     Their GPT block, all in 16 bits, no recomputation: T B d (34 + 5 a T / d) bytes, of which
@@ -201,9 +240,20 @@ def activation_bytes_per_layer(
         scores = config.n_head * seq_len * seq_len * batch_size
         attention += scores * p + (scores * (1 + p) if config.dropout > 0 else 0)
     widths = 2 * F if config.gated else F  # c_fc out; SwiGLU: gate and up, then silu(gate) and the product
-    mlp = tokens * (d + 2 * widths) * p
+    mlp = _sparse_mlp_bytes(config, tokens, p) if sparse else tokens * (d + 2 * widths) * p
     masks = 2 * tokens * d if config.dropout > 0 else 0
     return norms + attention + mlp + masks
+
+
+def _sparse_mlp_bytes(config: ModelConfig, tokens: int, p: int) -> int:
+    """A mixture of experts keeps its input (d), the router's fp32 logits, scores and their top-k copies (4E x 4 bytes),
+    and per assignment (top_k per token, none dropped) the gathered input, expert c_fc out and activation out, the
+    expert's output and its weighted copy: 3d + 2 F_e (F_e = 2H for SwiGLU), plus int64 sort and gather indices and
+    fp32 weights (28 bytes); shared experts as a bias-free MLP. Measured on moe-tiny: within 1% (tests/model/test_moe_accounting.py)."""
+    d, moe, hidden = config.n_embd, config.moe, config.expert_hidden
+    widths = 2 * hidden if config.gated else hidden
+    shared = moe.n_shared * widths
+    return tokens * (d * p + 16 * moe.n_experts + moe.top_k * ((3 * d + 2 * widths) * p + 28) + 2 * shared * p)
 
 
 def _attention_widths(config: ModelConfig) -> int:
@@ -241,7 +291,7 @@ def training_memory(
                      activation_checkpointing (GPT.set_activation_checkpointing): L x B T d x param bytes
                      (each block's input, the residual stream) + one block's activations, recomputed in its backward
         weight_casts N x amp bytes when amp is narrower than the parameters: autocast's 16-bit copy
-                     of every matmul weight (N as in flops_per_token), kept until its backward
+                     of every matmul weight (every expert's too: stored_matmul_params), kept until its backward
         logits       B T V x 4: the fp32 log-softmax the loss keeps for backward
         logit_grads  2 B T V x 4: at the start of backward, cross-entropy's gradient and log-softmax's
                      (both fp32) are alive together with the saved log-softmax: the step's peak
@@ -266,22 +316,36 @@ def training_memory(
         raise GptlabError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZER_STATES)}")
     params = param_counts(config)["total"]
     param_bytes, amp_bytes = _bytes_per_element(param_dtype), _bytes_per_element(amp)
-    per_layer = activation_bytes_per_layer(config, batch_size, seq_len, param_dtype=param_dtype, amp=amp,
-                                           flash_attention=flash_attention)
+    per_layer = [activation_bytes_per_layer(config, batch_size, seq_len, param_dtype=param_dtype, amp=amp,
+                                            flash_attention=flash_attention, sparse=sparse) for sparse in config.sparse_layers]
     if activation_checkpointing:
-        activations = config.n_layer * batch_size * seq_len * config.n_embd * param_bytes + per_layer
+        activations = config.n_layer * batch_size * seq_len * config.n_embd * param_bytes + max(per_layer)
     else:
-        activations = config.n_layer * per_layer
+        activations = sum(per_layer)
     parts = {
         "parameters": params * param_bytes,
         "gradients": params * param_bytes,
         "optimizer": OPTIMIZER_STATES[optimizer] * params * param_bytes,
         "activations": activations,
-        "weight_casts": flops_per_token(config, seq_len)["matmul_params"] * amp_bytes if amp_bytes < param_bytes else 0,
+        "weight_casts": stored_matmul_params(config) * amp_bytes if amp_bytes < param_bytes else 0,
         **_loss_memory(config, batch_size * seq_len, param_bytes, amp_bytes, fused_loss),
     }
     parts["total"] = sum(parts.values())
     return parts
+
+
+def parameter_memory(config: ModelConfig, *, param_dtype: str | torch.dtype = "fp32", optimizer: str = "adamw") -> dict[str, int]:
+    """Bytes each stored parameter costs in training (itself, its gradient, its optimizer states), and that cost for
+    the routed experts and for the rest. Every expert is stored and every expert has AdamW state, though a token
+    uses top_k of them: a mixture of experts is paid for in memory by its total, in FLOPs by its active count.
+    Example: fp32 AdamW -> 16 bytes per parameter (4 weight + 4 gradient + 8 for m and v)."""
+    if optimizer not in OPTIMIZER_STATES:
+        raise GptlabError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZER_STATES)}")
+    counts, width = param_counts(config), _bytes_per_element(param_dtype)
+    per_param = (2 + OPTIMIZER_STATES[optimizer]) * width
+    return {"per_param": per_param, "optimizer_per_param": OPTIMIZER_STATES[optimizer] * width,
+            "experts": counts["experts"] * per_param, "rest": (counts["total"] - counts["experts"]) * per_param,
+            "optimizer": OPTIMIZER_STATES[optimizer] * width * counts["total"]}
 
 
 def _loss_memory(config: ModelConfig, tokens: int, param_bytes: int, amp_bytes: int, fused: bool) -> dict[str, int]:

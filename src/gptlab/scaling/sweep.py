@@ -1,8 +1,10 @@
 """Sweeps: a grid of FLOP budgets x model sizes (x learning-rate scales), each run given the steps that spend its budget.
 
 Compute is counted as Chinchilla and Kaplan count it, C = 6 N D: N the parameters in one convention
-(`count`: "total" as Chinchilla, every parameter; "non_embedding" as Kaplan et al.; "matmul", the matrices the
-6N FLOPs per token multiply), D the tokens trained. A run of N parameters at budget C trains
+(`count`: "total" as Chinchilla, every parameter; "non_embedding" as Kaplan et al.; "matmul", every matrix
+multiplied; "active", the matrices one token multiplies, = matmul for a dense model), D the tokens trained.
+A mixture of experts costs 6 N_active per token, so its steps always come from the active count (whatever
+`count` the laws are stated in): dense and MoE sizes in one grid spend the same FLOPs per budget. A run of N parameters at budget C trains
 D = C / 6N tokens, rounded to whole steps of the base config's batch; its cosine schedule is stretched to those
 steps (Chinchilla's point: a schedule longer than the run overstates its loss). Each row also records N under
 every convention and the FLOPs with attention (6N + 12 L d T per token, gptlab.model.accounting), so a fit can
@@ -61,7 +63,7 @@ class SweepConfig:
     budgets: tuple[float, ...]  # FLOP budgets C, each run's 6 N D
     sizes: tuple[str, ...]  # depths ("4"), shapes ("3x192") or model presets ("gpt2-mini")
     lr_scales: tuple[float, ...] = (1.0,)  # multiples of the size's rule lr: several per size let a fit find the lr law
-    count: str = "total"  # the N of C = 6 N D: total | non_embedding | matmul
+    count: str = "total"  # the N of C = 6 N D: total | non_embedding | matmul | active (MoE: what a token uses)
     head_dim: int = 64  # head size of "LxW" shapes
     min_steps: int = 20  # a grid point with fewer optimizer steps is refused: too short to mean anything
     tokens_per_param: tuple[float, float] | None = None  # keep only points with D/N in [lo, hi]: each budget's sizes near its optimum
@@ -129,7 +131,7 @@ def plan(base: TrainConfig, sweep: SweepConfig, out: str | Path, *, allow_short:
         for size in sweep.sizes:
             model = size_model(base, size, sweep.head_dim)
             params = scaling_params(model)
-            steps = round(budget / (6 * params[sweep.count]) / base.batch_tokens)
+            steps = round(budget / (6 * compute_params(model, params, sweep.count)) / base.batch_tokens)
             if not sweep.keeps(steps * base.batch_tokens, params[sweep.count]):
                 continue
             for lr_scale in sweep.lr_scales:
@@ -160,6 +162,12 @@ def _grid_point(base: TrainConfig, sweep: SweepConfig, out: Path, budget: float,
     return GridPoint(name, budget, size, lr_scale, config, params, flops_per_token(model, base.seq_len), steps)
 
 
+def compute_params(model, params: dict[str, int], count: str) -> int:
+    """The N whose 6N is a token's cost: the convention's, but a mixture of experts' active count (its idle experts
+    cost no FLOPs; budgeting them would under-train it next to dense sizes of the same compute)."""
+    return params["active"] if model.is_moe else params[count]
+
+
 def short_points(points: list[GridPoint], sweep: SweepConfig) -> list[GridPoint]:
     """The points with fewer optimizer steps than --min-steps: too short to mean anything."""
     return [point for point in points if point.steps < sweep.min_steps]
@@ -173,7 +181,7 @@ def refuse_short(points: list[GridPoint], sweep: SweepConfig, shown: int = 4) ->
     batch = short[0].config.batch_tokens
     named: dict[str, str] = {}
     for point in short:  # one entry per (budget, size): lr scales share the steps
-        least = _round_up(6 * point.params[sweep.count] * batch * sweep.min_steps)
+        least = _round_up(6 * compute_params(point.config.model, point.params, sweep.count) * batch * sweep.min_steps)
         named.setdefault(f"c{budget_label(point.budget)}-{point.size}",
                          f"{point.steps} step{'s' if point.steps != 1 else ''}, needs a budget of {budget_label(least)}")
     listed = [f"{name} ({why})" for name, why in list(named.items())[:shown]]
@@ -197,7 +205,7 @@ def describe_plan(points: list[GridPoint], sweep: SweepConfig, train_tokens: int
         epochs = f"{point.tokens / train_tokens:.2f}" if train_tokens else "?"
         short = f"  < --min-steps {sweep.min_steps}" if point.steps < sweep.min_steps else ""
         lines.append(f"{point.name:<28} {n:>14,} {point.tokens:>12,} {point.tokens / n:>7.1f} {point.steps:>7,} "
-                     f"{6 * n * point.tokens:>9.3g} {epochs:>6}{short}")
+                     f"{6 * compute_params(point.config.model, point.params, sweep.count) * point.tokens:>9.3g} {epochs:>6}{short}")
     return "\n".join(lines)
 
 
@@ -327,14 +335,14 @@ def result_row(point: GridPoint, sweep: SweepConfig, status: str, error: str | N
     train = [r for r in records if "loss" in r]
     tail = [r["loss"] for r in train if r["step"] > 0.9 * point.config.max_steps] or [r["loss"] for r in train[-1:]]
     evals = [r for r in records if "val_loss" in r and r["step"] == point.config.max_steps]
-    model, n = point.config.model, point.params[sweep.count]
+    model = point.config.model
     manifest = read_manifest(point.config.data)
     return {
         "run": point.name, "status": status, "budget": point.budget, "size": point.size, "lr_scale": point.lr_scale,
         "lr": point.config.optimizer.lr, "count": sweep.count,
         "n_layer": model.n_layer, "n_embd": model.n_embd, "n_head": model.n_head, "params": point.params,
         "tokens": point.tokens, "steps": point.config.max_steps, "batch_tokens": point.config.batch_tokens,
-        "seq_len": point.config.seq_len, "flops": 6 * n * point.tokens,
+        "seq_len": point.config.seq_len, "flops": 6 * compute_params(model, point.params, sweep.count) * point.tokens,
         "flops_with_attention": point.flops_per_token["training"] * point.tokens,
         "epochs": point.tokens / manifest["splits"]["train"]["tokens"],
         "train_loss": sum(tail) / len(tail) if tail else None,

@@ -51,7 +51,7 @@ from torch.profiler import ProfilerActivity, record_function
 from torch.utils.flop_counter import FlopCounterMode
 
 from gptlab.model import GPT, ModelConfig
-from gptlab.model.accounting import PEAK_FLOPS, flops_per_token, training_memory
+from gptlab.model.accounting import PEAK_FLOPS, flops_per_token, param_counts, training_memory
 from gptlab.runs.machine import cpu_model, usable_cores
 from gptlab.runtime import GptlabError, atomic_write_text, check_out_dir
 from gptlab.runtime.device import autocast
@@ -167,14 +167,21 @@ def measure_step(config: ProfileConfig, device: torch.device, *, checkpointing: 
 
 def count_flops(step: _Step) -> int:
     """FLOPs of one forward and backward as torch.utils.flop_counter counts them: matmuls only, attention through
-    the math path so its two matmuls count (the CPU's SDPA kernel has no formula); the weights are not stepped."""
+    the math path so its two matmuls count (the CPU's SDPA kernel has no formula), experts through the per-expert
+    loop (the same numbers, each expert's matmul on its own tokens); the weights are not stepped."""
     impl = step.model.transformer["h"][0].attn.impl
     step.model.set_attention("math")
+    layers = step.model.moe_layers()
+    settings = [layer.moe for layer in layers]
+    for layer in layers:  # the per-expert loop: F.grouped_mm has no FLOP formula, its padded fallback counts padding
+        layer.moe = dataclasses.replace(layer.moe, impl="loop")
     try:
         with FlopCounterMode(display=False) as counter:
             step.forward().backward()
     finally:
         step.model.set_attention(impl)
+        for layer, moe in zip(layers, settings, strict=True):
+            layer.moe = moe
         step.optimizer.zero_grad(set_to_none=True)
     return counter.get_total_flops()
 
@@ -238,9 +245,10 @@ def without_kineto_lines() -> Iterator[None]:
             sys.stderr.flush()
 
 
-def trace(step: _Step, out: Path, steps: int, log: Callable[[str], None] = lambda _: None) -> dict[str, int]:
+def trace(step: _Step, out: Path, steps: int, log: Callable[[str], None] = lambda _: None) -> tuple[dict[str, int], dict]:
     """Record `steps` steps with torch.profiler into trace.json and ops.txt, then one more with stacks for
-    memory_timeline.json (and the CUDA allocator's snapshot); return the timeline's peak by category.
+    memory_timeline.json (and the CUDA allocator's snapshot); return the timeline's peak by category and the
+    mixture of experts' ranges (moe_ranges; empty for a dense model).
 
     Two sessions: the memory timeline needs with_stack, which also puts every Python frame into the ops table."""
     cuda = step.device.type == "cuda"
@@ -255,6 +263,7 @@ def trace(step: _Step, out: Path, steps: int, log: Callable[[str], None] = lambd
     table = profiler.key_averages().table(sort_by=sort, row_limit=20, max_name_column_width=64)
     table = "\n".join(line.rstrip() for line in table.splitlines())
     atomic_write_text(out / "ops.txt", f"top ops by self time over {steps} traced steps ({sort})\n{table}\n")
+    ranges = moe_ranges(profiler.key_averages(), cuda) if step.model.config.is_moe else {}
     if cuda:
         torch.cuda.memory._record_memory_history(max_entries=200_000)
     log("recording one more step's memory timeline (with stacks)")
@@ -270,7 +279,30 @@ def trace(step: _Step, out: Path, steps: int, log: Callable[[str], None] = lambd
     with warnings.catch_warnings():  # deprecated for CUDA in favour of the snapshot above; the CPU has nothing else
         warnings.simplefilter("ignore", FutureWarning)
         _export(out / "memory_timeline.json", lambda path: profiler.export_memory_timeline(path, device=device))
-    return timeline_peak(json.loads((out / "memory_timeline.json").read_text()))
+    return timeline_peak(json.loads((out / "memory_timeline.json").read_text())), ranges
+
+
+# record_function ranges of gptlab.model.moe's forward: the router (matmul, scores, top-k, sort by expert), the
+# dispatch (gathering each expert's tokens, weighting and adding the outputs back) and the experts' matmuls.
+MOE_RANGES = ("moe.router", "moe.dispatch", "moe.experts")
+STEP_RANGES = ("forward", "backward", "optimizer")
+
+
+def moe_ranges(events, cuda: bool) -> dict:
+    """Seconds inside each MoE range over the traced steps, and each one's share of the steps' time (forward,
+    backward and optimizer ranges). Forward only: autograd runs the backward ops outside the ranges. On CUDA the
+    ranges' device time where the profiler gives it (the CPU time there is launch time)."""
+    def seconds(name: str) -> float:
+        found = [event for event in events if event.key == name]
+        if not found:
+            return 0.0
+        device = getattr(found[0], "device_time_total", 0.0) if cuda else 0.0
+        return (device or found[0].cpu_time_total) / 1e6
+
+    step = sum(seconds(name) for name in STEP_RANGES)
+    times = {name.removeprefix("moe."): seconds(name) for name in MOE_RANGES}
+    return {"seconds": times, "share": {name: value / step if step else 0.0 for name, value in times.items()},
+            "step_seconds": step}
 
 
 def _estimate(config: ProfileConfig, device: torch.device, checkpointing: bool) -> dict[str, int]:
@@ -295,7 +327,7 @@ def profile_training(config: ProfileConfig, device: torch.device, out: str | os.
     log(f"building the model; {config.warmup} warm-up steps (measuring peak memory), then {config.steps} timed steps")
     step, times, memory = measure_step(config, device, checkpointing=checkpointing)
     out.mkdir(parents=True, exist_ok=True)
-    timeline = trace(step, out, config.trace_steps, log)
+    timeline, ranges = trace(step, out, config.trace_steps, log)
     log("counting one step's FLOPs (FlopCounterMode)")
     counted = count_flops(step)
     del step
@@ -314,6 +346,10 @@ def profile_training(config: ProfileConfig, device: torch.device, out: str | os.
         "mfu": flops["training"] * tokens_per_second / peak,
         "memory": {**memory, "estimate": _estimate(config, device, checkpointing), "profiler_timeline_peak": timeline},
     }
+    if config.model.is_moe:
+        counts = param_counts(config.model)
+        summary["moe"] = {**ranges, "active_params": counts["active"], "total_params": counts["total"],
+                          "matmul_params": flops["matmul_params"]}
     if checkpointing:
         log(f"the same step without activation checkpointing, to compare: {config.warmup} warm-up and {config.steps} timed steps")
         _, without_times, without_memory = measure_step(config, device, checkpointing=False)
@@ -365,6 +401,8 @@ def describe(summary: dict, name: str = "") -> list[str]:
         + (" (logits: one chunk of the fused loss's)" if config["fused_loss"] else ""),
         "            profiler timeline peak " + _by_category(memory["profiler_timeline_peak"], TIMELINE_CATEGORIES),
     ]
+    if "moe" in summary:
+        lines.append(_describe_moe(summary["moe"]))
     without = summary.get("without_checkpointing")
     if without:
         peak, before = memory["peak"], without["memory"]["peak"]
@@ -373,6 +411,14 @@ def describe(summary: dict, name: str = "") -> list[str]:
                      f"step {step:.4f} s vs {slower:.4f} s without ({step / slower - 1:+.0%})")
     lines.append(f"files       {', '.join(summary['files'])} (trace.json: chrome://tracing or ui.perfetto.dev)")
     return lines
+
+
+def _describe_moe(moe: dict) -> str:
+    """The router's, dispatch's and experts' share of the traced steps, and what the FLOPs and MFU counted."""
+    share, seconds = moe["share"], moe["seconds"]
+    parts = ", ".join(f"{name} {share[name]:.1%} ({seconds[name]:.4f} s)" for name in ("router", "dispatch", "experts"))
+    return (f"MoE         of the traced steps' time, forward ranges: {parts}; FLOPs and MFU count the "
+            f"{moe['active_params']:,} active of {moe['total_params']:,} parameters (N = {moe['matmul_params']:,} active matmul)")
 
 
 ESTIMATE_PARTS = ("parameters", "gradients", "optimizer", "activations", "weight_casts", "logits", "logit_grads")
