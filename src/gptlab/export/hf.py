@@ -4,10 +4,11 @@
 
 Two paths, chosen by gptlab.model.hf.native_architecture:
 
-    native   GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM: config.json + model.safetensors in
+    native   GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, and for mixtures of experts
+             Qwen3MoeForCausalLM, MixtralForCausalLM (softmax, dropless, no shared experts or routing bias in use): config.json + model.safetensors in
              their names and layouts (gptlab.model.hf), loaded by plain `AutoModelForCausalLM.from_pretrained`.
     custom   everything else (the default recipe's rotary, RMSNorm, QK-norm and ReLU² on gpt2, a softcap,
-             sliding windows, ...): config.json (model_type "gptlab", ModelConfig's fields, an auto_map for
+             sliding windows, MoE with sigmoid scores, shared experts, a routing bias or capacity, ...): config.json (model_type "gptlab", ModelConfig's fields, an auto_map for
              AutoConfig and AutoModelForCausalLM), model.safetensors (our names, vocab_size rows), and
              configuration_gptlab.py + modeling_gptlab.py from export/remote_code/, which import only torch
              and transformers. Loaded with `from_pretrained(OUT, trust_remote_code=True)`.
@@ -42,6 +43,7 @@ COMPUTED_FIELDS = frozenset({
     "arch", "vocab_size", "pad_vocab_to", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "mlp_hidden", "bias",
     "qkv_bias", "tie_embeddings", "norm_eps", "rope_theta", "qk_norm", "dropout", "position", "norm", "activation",
     "logit_softcap", "zero_init", "attn_window", "window_pattern", "attention", "norm_impl",
+    "moe",  # every MoEConfig field: computed (routing, experts, capacity) or training-only (losses, bias rate, impl)
 })
 
 
@@ -79,7 +81,7 @@ def export_hf(model: GPT, directory: str | os.PathLike, *, eos_token_id: int | N
     config = model.config
     check_exportable(config)
     directory = Path(directory)
-    architecture = model_hf.native_architecture(config)
+    architecture = None if model_hf.uses_routing_bias(model) else model_hf.native_architecture(config)
     if architecture is not None:
         model_hf.export_hf(model, directory, eos_token_id=eos_token_id)
         return HFExport(directory, architecture, remote_code=False)

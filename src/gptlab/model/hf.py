@@ -19,6 +19,7 @@ sharded behind a `*.index.json`. Two families map onto our one model:
       model.layers.N.mlp.{gate,up}_proj             transformer.h.N.mlp.c_fc rows [gate | up]
       model.layers.N.mlp.down_proj                  transformer.h.N.mlp.c_proj
       model.layers.N.{input,post_attention}_layernorm  transformer.h.N.ln_1 / ln_2
+    Qwen3MoeForCausalLM, MixtralForCausalLM       GPT (arch="llama", moe): the llama mapping, experts in gptlab.model.hf_moe
     model_type "gptlab" (custom code, GptlabForCausalLM)  GPT, any switches: our own names, config.json
                                                           holding ModelConfig's fields
 
@@ -53,6 +54,17 @@ import torch
 
 from gptlab.model.config import ModelConfig
 from gptlab.model.gpt import GPT
+from gptlab.model.hf_moe import (
+    MOE_MODEL_TYPES,
+    is_moe_name,
+    moe_architecture,
+    moe_config_from_hf,
+    moe_config_to_hf,
+    moe_export_problems,
+    moe_state_from_hf,
+    moe_state_to_hf,
+    unfuse_experts,
+)
 from gptlab.model.io import load_model, load_state, save_safetensors
 from gptlab.runtime import GptlabError, atomic_write_text
 
@@ -81,7 +93,8 @@ LLAMA_FUSED = {  # our fused rows, in order
 }
 GPTLAB_MODEL_TYPE = "gptlab"  # config.json's model_type for our own modeling code (gptlab.export)
 LLAMA_MODEL_TYPES = ("llama", "qwen2", "qwen3")  # read by llama_config_from_hf
-HF_MODEL_TYPES = ("gpt2", *LLAMA_MODEL_TYPES, GPTLAB_MODEL_TYPE)
+HF_MODEL_TYPES = ("gpt2", *LLAMA_MODEL_TYPES, *MOE_MODEL_TYPES, GPTLAB_MODEL_TYPE)
+MOE_BASE = {"qwen3_moe": "qwen3", "mixtral": "llama"}  # the dense family whose attention each MoE family has
 
 Tensors = dict[str, torch.Tensor]
 
@@ -170,11 +183,12 @@ def gpt2_config_from_hf(hf: dict) -> ModelConfig:
 
 def llama_config_from_hf(hf: dict) -> ModelConfig:
     """ModelConfig for a LlamaForCausalLM config.json, or Qwen2ForCausalLM (biases on q, k, v alone: qkv_bias)
-    or Qwen3ForCausalLM (QK-norm)."""
-    model_type = hf.get("model_type", "llama")
+    or Qwen3ForCausalLM (QK-norm); Qwen3MoeForCausalLM and MixtralForCausalLM add their experts (gptlab.model.hf_moe)."""
+    family = hf.get("model_type", "llama")
+    model_type = MOE_BASE.get(family, family)
     heads, hidden = hf.get("num_attention_heads", 32), hf.get("hidden_size", 4096)
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    _check_model_type(model_type, LLAMA_MODEL_TYPES)
+    _check_model_type(family, (*LLAMA_MODEL_TYPES, *MOE_MODEL_TYPES))
     checks = {
         "hidden_act": (hf.get("hidden_act", "silu"), ("silu",)),
         "head_dim (ours is hidden_size / num_attention_heads)": (hf.get("head_dim") or hidden // heads, (hidden // heads,)),
@@ -187,7 +201,7 @@ def llama_config_from_hf(hf: dict) -> ModelConfig:
         checks["layer_types"] = (sorted(set(hf.get("layer_types") or ["full_attention"])), (["full_attention"],))
     if model_type == "qwen3":
         checks["attention_bias (Qwen3's MLP has none)"] = (hf.get("attention_bias", False), (False,))
-    _require(checks, model_type)
+    _require(checks, family)
     kv_heads = hf.get("num_key_value_heads") or heads
     config = ModelConfig(
         arch="llama", vocab_size=hf.get("vocab_size", 32000), block_size=hf.get("max_position_embeddings", 2048),
@@ -196,6 +210,8 @@ def llama_config_from_hf(hf: dict) -> ModelConfig:
         tie_embeddings=hf.get("tie_word_embeddings", False), norm_eps=hf.get("rms_norm_eps", 1e-6),
         rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))), qk_norm=model_type == "qwen3",
     )
+    if family in MOE_MODEL_TYPES:
+        return moe_config_from_hf(hf, config)
     intermediate = hf.get("intermediate_size", 11008)
     return config if intermediate == config.hidden_dim else replace(config, mlp_hidden=intermediate)
 
@@ -218,6 +234,9 @@ def check_exportable(config: ModelConfig) -> None:
         bad.append(f"logit_softcap={config.logit_softcap}")
     if any(config.layer_windows):
         bad.append(f"attn_window={config.attn_window} (window_pattern {config.window_pattern!r})")
+    if config.is_moe:
+        target = "Qwen3MoeForCausalLM or MixtralForCausalLM"
+        bad += ([f"arch={config.arch!r}"] if config.arch != "llama" else []) + moe_export_problems(config)
     if bad:
         verb = "has" if len(bad) == 1 else "have"
         raise GptlabError(f"cannot export this {config.arch} model: {', '.join(bad)} {verb} no Hugging Face equivalent "
@@ -233,6 +252,8 @@ def native_architecture(config: ModelConfig) -> str | None:
         return None
     if config.arch == "gpt2":
         return "GPT2LMHeadModel"
+    if config.is_moe:
+        return moe_architecture(config)
     if config.qk_norm:  # Qwen3's MLP has no biases, and its attention biases are on the output projection too
         return None if config.bias or config.qkv_bias else "Qwen3ForCausalLM"
     if config.qkv_bias and not config.bias:
@@ -350,7 +371,7 @@ def llama_state_to_hf(model: GPT) -> Tensors:
     config, sizes = model.config, _fused_sizes(model.config)
     state: Tensors = {}
     for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and config.tie_embeddings:
+        if (name == "lm_head.weight" and config.tie_embeddings) or is_moe_name(name):
             continue
         if name in LLAMA_TOP:
             state[LLAMA_TOP[name]] = tensor[: config.vocab_size] if name != "transformer.ln_f.weight" else tensor
@@ -362,14 +383,14 @@ def llama_state_to_hf(model: GPT) -> Tensors:
                 state[f"{prefix}{part}.{param}"] = piece
         else:
             state[f"{prefix}{LLAMA_RENAMES[module]}.{param}"] = tensor
-    return state
+    return {**state, **moe_state_to_hf(model, moe_model_type(config))} if config.is_moe else state
 
 
 def llama_state_from_hf(model: GPT, hf: Tensors) -> Tensors:
     config = model.config
     state: Tensors = {}
     for name in model.state_dict():
-        if name == "lm_head.weight" and config.tie_embeddings:
+        if (name == "lm_head.weight" and config.tie_embeddings) or is_moe_name(name):
             continue
         if name in LLAMA_TOP:
             tensor = hf[LLAMA_TOP[name]]
@@ -381,7 +402,17 @@ def llama_state_from_hf(model: GPT, hf: Tensors) -> Tensors:
             state[name] = torch.cat([hf[f"{prefix}{part}.{param}"] for part in LLAMA_FUSED[module]])
         else:
             state[name] = hf[f"{prefix}{LLAMA_RENAMES[module]}.{param}"]
-    return state
+    return {**state, **moe_state_from_hf(model, hf, moe_model_type(config))} if config.is_moe else state
+
+
+def uses_routing_bias(model: GPT) -> bool:
+    """Whether a sparse layer's DeepSeek-V3 routing bias moves its choice of experts (no transformers class has one)."""
+    return any(bool(layer.route_bias.any()) for layer in model.moe_layers())
+
+
+def moe_model_type(config: ModelConfig) -> str:
+    """The MoE family whose weight names a sparse llama model uses: Qwen3-MoE has QK-norm, Mixtral has not."""
+    return "qwen3_moe" if config.qk_norm else "mixtral"
 
 
 def gptlab_state_to_hf(model: GPT) -> Tensors:
@@ -431,9 +462,12 @@ def load_hf_gpt2(path: str | os.PathLike, *, device: str | torch.device = "cpu")
 
 
 def load_hf_llama(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> GPT:
-    """A LlamaForCausalLM (or Qwen2ForCausalLM, Qwen3ForCausalLM) directory as a GPT; the inverse of `export_hf` for llama."""
+    """A LlamaForCausalLM (or Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM) directory as a
+    GPT; the inverse of `export_hf` for llama."""
     config = llama_config_from_hf(read_hf_config(path))
     hf = {name: tensor for name, tensor in read_hf_weights(path).items() if not name.endswith("rotary_emb.inv_freq")}
+    if config.is_moe:
+        hf = unfuse_experts(hf, moe_model_type(config))
     if config.tie_embeddings:
         hf.pop("lm_head.weight", None)
     return _load_converted(config, hf, llama_state_to_hf, llama_state_from_hf, f"weights in {path}", device)
@@ -449,17 +483,24 @@ def export_hf(model: GPT, directory: str | os.PathLike, *, eos_token_id: int | N
     """Write `directory` (config.json + model.safetensors) so `transformers.AutoModelForCausalLM` loads it.
 
     gpt2 -> GPT2LMHeadModel; llama -> LlamaForCausalLM, Qwen2ForCausalLM with qkv_bias (and bias False), or
-    Qwen3ForCausalLM with qk_norm. Only models a
+    Qwen3ForCausalLM with qk_norm; a mixture of experts -> Qwen3MoeForCausalLM (qk_norm) or MixtralForCausalLM
+    (gptlab.model.hf_moe), written with transformers' per-expert keys. Only models a
     transformers class computes (`native_architecture`); gptlab.export.export_hf writes any model.
     `eos_token_id` (also written as bos, GPT-2's convention) is the tokenizer's business, so it is
     left unset unless given. Weights first, config last: a directory with a config is complete.
     """
     config = model.config
     check_exportable(config)
+    if uses_routing_bias(model):
+        raise GptlabError("cannot export this model as Qwen3MoeForCausalLM or MixtralForCausalLM: its experts' routing bias "
+                          "(moe.bias_update, DeepSeek-V3) is not zero and neither class has one; gptlab.export.export_hf "
+                          "(`gptlab export hf`) writes it with its own modeling code")
     if config.arch == "gpt2":
         hf_config, state = gpt2_config_to_hf(config), gpt2_state_to_hf(model)
     else:
         hf_config, state = llama_config_to_hf(config), llama_state_to_hf(model)
+        if config.is_moe:
+            hf_config = moe_config_to_hf(config, hf_config)
     dtype = next(model.parameters()).dtype
     hf_config.update(bos_token_id=eos_token_id, eos_token_id=eos_token_id, torch_dtype=str(dtype).removeprefix("torch."))
     # clones: safetensors refuses tensors that share memory (split views, the tied table)
@@ -472,7 +513,8 @@ def export_hf(model: GPT, directory: str | os.PathLike, *, eos_token_id: int | N
 
 
 def read_pretrained_config(directory: str | os.PathLike) -> ModelConfig:
-    """The ModelConfig of a model folder (gptlab's own, or Hugging Face gpt2 / llama / qwen2 / qwen3 / gptlab), without the weights."""
+    """The ModelConfig of a model folder (gptlab's own, or Hugging Face gpt2 / llama / qwen2 / qwen3 / qwen3_moe / mixtral /
+    gptlab), without the weights."""
     from gptlab.model.io import config_from_dict
 
     data = read_hf_config(directory)
@@ -481,7 +523,7 @@ def read_pretrained_config(directory: str | os.PathLike) -> ModelConfig:
     model_type = data.get("model_type")
     if model_type == "gpt2":
         return gpt2_config_from_hf(data)
-    if model_type in LLAMA_MODEL_TYPES:
+    if model_type in (*LLAMA_MODEL_TYPES, *MOE_MODEL_TYPES):
         return llama_config_from_hf(data)
     if model_type == GPTLAB_MODEL_TYPE:
         return gptlab_config_from_hf(data)
@@ -489,14 +531,15 @@ def read_pretrained_config(directory: str | os.PathLike) -> ModelConfig:
 
 
 def load_pretrained_directory(directory: str | os.PathLike, *, device: str | torch.device = "cpu") -> GPT:
-    """Any model directory we read: gptlab's own (config has "arch"), or Hugging Face gpt2 / llama / qwen2 / qwen3 / gptlab."""
+    """Any model directory we read: gptlab's own (config has "arch"), or Hugging Face gpt2 / llama / qwen2 / qwen3 /
+    qwen3_moe / mixtral / gptlab."""
     data = read_hf_config(directory)
     if "arch" in data and "model_type" not in data:
         return load_model(directory, device=device)
     model_type = data.get("model_type")
     if model_type == "gpt2":
         return load_hf_gpt2(directory, device=device)
-    if model_type in LLAMA_MODEL_TYPES:
+    if model_type in (*LLAMA_MODEL_TYPES, *MOE_MODEL_TYPES):
         return load_hf_llama(directory, device=device)
     if model_type == GPTLAB_MODEL_TYPE:
         return load_hf_gptlab(directory, device=device)

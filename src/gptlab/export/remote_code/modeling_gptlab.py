@@ -10,6 +10,8 @@ computed here as gptlab computes it (configuration_gptlab lists them); the param
 
     transformer.wte / wpe / ln_f, transformer.h.N.{ln_1, attn.c_attn [q | k | v], attn.{q,k}_norm, attn.c_proj,
     ln_2, mlp.c_fc ([gate | up] for swiglu), mlp.c_proj}, lm_head
+    sparse layers (moe): transformer.h.N.mlp.{router, experts_fc (E, [gate | up], C), experts_proj (E, C, H),
+    route_bias (E,), shared.c_fc, shared.c_proj}
 
 `generate()` keeps past keys and values in a transformers DynamicCache (all positions: sliding-window layers
 mask the old ones, as gptlab does). Left-padded batches take the 2D attention_mask and position_ids that
@@ -113,20 +115,67 @@ class GptlabAttention(nn.Module):
 class GptlabMLP(nn.Module):
     """gelu: GELU(x W_fc) W_proj; swiglu: (SiLU(x W_gate) * x W_up) W_proj, gate and up fused in c_fc; relu2: relu(x W_fc)^2 W_proj."""
 
-    def __init__(self, config: GptlabConfig) -> None:
+    def __init__(self, config: GptlabConfig, hidden: int | None = None, bias: bool | None = None) -> None:
         super().__init__()
-        self.activation, hidden = config.kind("activation"), config.hidden_dim
-        self.c_fc = nn.Linear(config.n_embd, 2 * hidden if self.activation == "swiglu" else hidden, bias=config.bias)
-        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
+        self.activation, hidden = config.kind("activation"), hidden or config.hidden_dim
+        bias = config.bias if bias is None else bias
+        self.c_fc = nn.Linear(config.n_embd, 2 * hidden if self.activation == "swiglu" else hidden, bias=bias)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=bias)
         self.c_proj.residual = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.activation == "swiglu":
-            gate, up = self.c_fc(x).chunk(2, dim=-1)
-            return self.c_proj(F.silu(gate) * up)
-        if self.activation == "relu2":
-            return self.c_proj(F.relu(self.c_fc(x)).square())
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        return self.c_proj(activate(self.activation, self.c_fc(x)))
+
+
+def activate(activation: str, h: torch.Tensor) -> torch.Tensor:
+    """swiglu: SiLU(gate) * up of the [gate | up] halves; relu2: relu(h)^2; gelu: GELU (tanh)."""
+    if activation == "swiglu":
+        gate, up = h.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    if activation == "relu2":
+        return F.relu(h).square()
+    return F.gelu(h, approximate="tanh")
+
+
+class GptlabMoE(nn.Module):
+    """A mixture of experts, as gptlab.model.moe computes it, one expert at a time.
+
+    scores = softmax or sigmoid(router(x)); each token takes its top_k experts by score + route_bias (the bias picks,
+    never weighs); weights = the picked scores, renormalised if moe["normalize"]; with capacity_factor > 0 an expert
+    keeps only its first ceil(factor * tokens * top_k / n_experts) assignments in token order; shared experts see
+    every token."""
+
+    def __init__(self, config: GptlabConfig) -> None:
+        super().__init__()
+        self.moe, self.activation, hidden = config.moe, config.kind("activation"), config.expert_hidden
+        n_experts = self.moe["n_experts"]
+        self.router = nn.Linear(config.n_embd, n_experts, bias=False)
+        rows = 2 * hidden if self.activation == "swiglu" else hidden
+        self.experts_fc = nn.Parameter(torch.empty(n_experts, rows, config.n_embd))
+        self.experts_proj = nn.Parameter(torch.empty(n_experts, config.n_embd, hidden))
+        self.register_buffer("route_bias", torch.zeros(n_experts))
+        self.shared = GptlabMLP(config, self.moe["n_shared"] * hidden, bias=False) if self.moe["n_shared"] else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])  # (N, C)
+        logits = self.router(flat).float()
+        scores = logits.softmax(-1) if self.moe["score"] == "softmax" else logits.sigmoid()
+        chosen = (scores + self.route_bias).topk(self.moe["top_k"], dim=-1).indices  # (N, top_k)
+        weights = scores.gather(-1, chosen)
+        if self.moe["normalize"]:
+            weights = weights / weights.sum(-1, keepdim=True)
+        capacity = flat.shape[0] * self.moe["top_k"]
+        if self.moe["capacity_factor"]:
+            capacity = math.ceil(self.moe["capacity_factor"] * capacity / self.moe["n_experts"])
+        y = torch.zeros_like(flat)
+        for expert in range(self.moe["n_experts"]):
+            token, slot = (chosen == expert).nonzero(as_tuple=True)  # in token order
+            token, slot = token[:capacity], slot[:capacity]
+            h = activate(self.activation, flat[token] @ self.experts_fc[expert].t()) @ self.experts_proj[expert].t()
+            y.index_add_(0, token, (h * weights[token, slot, None]).to(flat.dtype))
+        if self.shared is not None:
+            y = y + self.shared(flat)
+        return y.view(x.shape)
 
 
 class GptlabBlock(nn.Module):
@@ -135,7 +184,7 @@ class GptlabBlock(nn.Module):
         self.ln_1 = make_norm(config, config.n_embd)
         self.attn = GptlabAttention(config, layer)
         self.ln_2 = make_norm(config, config.n_embd)
-        self.mlp = GptlabMLP(config)
+        self.mlp = GptlabMoE(config) if config.sparse_layers[layer] else GptlabMLP(config)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, rotation, cache, mask):
@@ -160,7 +209,7 @@ class GptlabPreTrainedModel(PreTrainedModel):
                     parameter.fill_(1.0 if name == "weight" else 0.0)
                 elif name == "bias":
                     parameter.zero_()
-                elif getattr(module, "residual", False):  # two residual adds per block (GPT-2); zero_init: identity blocks
+                elif getattr(module, "residual", False) or name == "experts_proj":  # two residual adds per block (GPT-2); zero_init: identity blocks
                     parameter.normal_(0.0, 0.02 / math.sqrt(2 * self.config.n_layer)).mul_(0.0 if self.config.zero_init else 1.0)
                 else:
                     parameter.normal_(0.0, 0.02)
