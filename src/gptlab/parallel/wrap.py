@@ -6,6 +6,7 @@
                     zero1      gptlab.parallel.zero.ShardedOptimizer, by hand
                     torch      torch.distributed.optim.ZeroRedundancyOptimizer
     fsdp            FSDP2 (`fully_shard`, gptlab.parallel.fsdp): parameters, gradients and optimizer state sharded
+    expert_parallel each rank holds n_experts / world experts per sparse layer (gptlab.parallel.expert), under torch DDP
 
 `parallelize` takes the plain model and a recipe for its optimizer (a function returning the optimizer class, its
 parameter groups and options: FSDP must shard the model before the optimizer sees its parameters) and returns
@@ -27,6 +28,8 @@ import torch
 from torch import nn
 
 from gptlab.parallel.data_parallel import VARIANTS, DataParallel
+from gptlab.parallel.expert import clip_gradients as clip_expert_gradients
+from gptlab.parallel.expert import gather_expert_optimizer_state, is_expert_parallel, shard_experts
 from gptlab.parallel.zero import ShardedOptimizer
 from gptlab.runtime import GptlabError
 
@@ -40,6 +43,7 @@ class ParallelConfig:
     bucket_mb: float = 25.0  # bucketed: MiB of gradients per all-reduce
     shard_optimizer: str = "none"  # none | zero1 (ZeRO-1 by hand) | torch (ZeroRedundancyOptimizer)
     fsdp: bool = False  # FSDP2: fully_shard each transformer block, then the root (data_parallel torch, shard_optimizer none)
+    expert_parallel: bool = False  # MoE: experts sharded over the ranks, tokens sent to them by all_to_all; the rest DDP
 
     def __post_init__(self) -> None:
         if self.data_parallel not in DATA_PARALLEL:
@@ -53,6 +57,9 @@ class ParallelConfig:
                               "(leave --parallel.data-parallel torch)")
         if self.fsdp and self.shard_optimizer != "none":
             raise GptlabError(f"fsdp already shards the optimizer state; leave out --parallel.shard-optimizer {self.shard_optimizer}")
+        if self.expert_parallel and (self.fsdp or self.data_parallel != "torch" or self.shard_optimizer != "none"):
+            raise GptlabError("expert_parallel runs under torch DDP only; leave out --parallel.fsdp, --parallel.data-parallel "
+                              "and --parallel.shard-optimizer")
 
 
 class OptimizerRecipe(NamedTuple):
@@ -78,10 +85,13 @@ def parallelize(model: nn.Module, recipe: Callable[[], OptimizerRecipe], config:
 
         shard_model(model, blocks, param_dtype=PARAM_DTYPES.get(precision))
         return model, build_optimizer(recipe(), "none")
+    ignored = shard_experts(model) if config.expert_parallel else []  # before the optimizer: it steps the shards
     optimizer = build_optimizer(recipe(), config.shard_optimizer)
     if config.data_parallel == "torch":
         from torch.nn.parallel import DistributedDataParallel
 
+        if ignored:  # each rank's own experts: not broadcast from rank 0, not averaged
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
         return DistributedDataParallel(model, device_ids=device_ids), optimizer
     return DataParallel(model, variant=config.data_parallel, bucket_mb=config.bucket_mb), optimizer
 
@@ -128,6 +138,8 @@ def full_optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module | No
     if zero is not None and isinstance(optimizer, zero.ZeroRedundancyOptimizer):
         optimizer.consolidate_state_dict(to=0)
         return optimizer.state_dict() if torch.distributed.get_rank() == 0 else None
+    if model is not None and is_expert_parallel(model):
+        return gather_expert_optimizer_state(model, optimizer)
     if model is not None and is_fsdp(model):
         from gptlab.parallel.fsdp import full_optimizer_state as fsdp_optimizer_state
 
@@ -143,6 +155,8 @@ def describe(config: ParallelConfig) -> str:
     """A few words for the run's announcement: "bucketed data parallel (25 MiB buckets), ZeRO-1"."""
     if config.fsdp:
         return "FSDP2"  # its mixed precision follows the run's, announced beside it
+    if config.expert_parallel:
+        return "expert parallel (all_to_all), torch DDP for the rest"
     words = {"torch": "torch DDP", "allreduce": "all-reduce after backward", "overlap": "all-reduce overlapped with backward",
              "bucketed": f"bucketed data parallel ({config.bucket_mb:g} MiB buckets)"}[config.data_parallel]
     shard = {"none": "", "zero1": ", ZeRO-1", "torch": ", ZeroRedundancyOptimizer"}[config.shard_optimizer]
@@ -154,6 +168,16 @@ def check_config(config: ParallelConfig, *, compile: bool) -> None:
     if config.fsdp and compile:
         raise GptlabError("fsdp with compile is not supported here (compile would have to wrap each block before "
                           "sharding); drop --compile or --parallel.fsdp")
+    if config.expert_parallel and compile:
+        raise GptlabError("expert_parallel with compile is not supported here (its all_to_all dispatch is not traced); "
+                          "drop --compile or --parallel.expert-parallel")
+
+
+def clip_gradients(model: nn.Module, max_norm: float) -> float:
+    """Clip the plain model's gradients to `max_norm` in total; the norm before clipping, the same on every rank."""
+    if is_expert_parallel(model):
+        return clip_expert_gradients(model, max_norm)
+    return gradient_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
 
 
 def gradient_norm(norm: torch.Tensor) -> float:

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from gptlab.model import GPT
+from gptlab.parallel.expert import gather_expert_weights, is_expert_parallel
 from gptlab.parallel.fsdp import full_model_state, load_full_state
 from gptlab.parallel.wrap import full_optimizer_state, is_fsdp
 from gptlab.runs import truncate_samples
@@ -101,6 +102,9 @@ class ResumeMixin:
     def _load(self, path: Path) -> dict:
         """Weights, optimizer, scaler and RNGs from a checkpoint; under FSDP every rank reads it whole and keeps its shards."""
         runtime = self.runtime
+        if is_expert_parallel(self.model):  # the experts' optimizer moments are saved as rank 0's shards only
+            raise GptlabError(f"resuming {path} under --parallel.expert-parallel is not supported yet; resume without it "
+                              "(one process, or DDP) from the full weights saved there")
         if not is_fsdp(self.model):
             return load_checkpoint(path, self.model, self.optimizer, scaler=self.scaler, device=runtime.device, rank=runtime.rank)
         whole = GPT(self.config.model)
@@ -111,9 +115,12 @@ class ResumeMixin:
 
     def _whole_model(self) -> GPT:
         """The model to save: the plain module, or under FSDP a copy holding the gathered weights (on rank 0)."""
-        if not is_fsdp(self.model):
+        if is_expert_parallel(self.model):  # each rank holds some experts: gathered whole (a collective)
+            weights = gather_expert_weights(self.model)
+        elif not is_fsdp(self.model):
             return self.model
-        weights = full_model_state(self.model)  # a collective: {} on ranks other than 0
+        else:
+            weights = full_model_state(self.model)  # a collective: {} on ranks other than 0
         with torch.device("meta"):  # no memory: the gathered tensors are assigned in
             whole = GPT(self.config.model)
         if weights:
