@@ -15,7 +15,8 @@ from gptlab.runs.record import RunRecord
 
 AXIS_LABELS = {"step": "step", "tokens": "tokens", "time": "training time", "flops": "training FLOPs"}
 LABELS = {"loss": "train loss", "val_loss": "val loss", "val_bpb": "val bits per byte",
-          "tokens_per_s": "tokens/s", "mfu": "MFU (fraction of peak)", "lr": "learning rate", "grad_norm": "gradient norm"}
+          "tokens_per_s": "tokens/s", "mfu": "MFU (fraction of peak)", "lr": "learning rate", "grad_norm": "gradient norm",
+          "moe_max_load": "max / mean expert load (worst layer)", "moe_aux_loss": "MoE balance losses in the loss"}
 TIME_UNITS = ((7200, 3600, "h"), (120, 60, "min"), (0, 1, "s"))  # (from this many seconds, divide by, unit)
 
 

@@ -1,7 +1,9 @@
 """One run on one page: OUT/report.html, self-contained (inline styles and base64 PNG plots, nothing fetched).
 
 Sections, in order: the final figures; loss and val bits per byte against step, tokens, training time and
-training FLOPs; throughput and MFU over time; every other logged figure (learning rate, gradient norm,
+training FLOPs; throughput and MFU over time; for a mixture-of-experts run, each sparse layer's expert
+load (max/mean load, dropped assignments, the share of each expert over steps, the latest figures; a collapsing
+router shows as one bright band and a max/mean near n_experts / top_k); every other logged figure (learning rate, gradient norm,
 a stage's own, benchmark scores); the evaluations table and its final figures; the samples the run printed;
 the machine (OUT/machine.json); the config (OUT/train_config.json). Every string is HTML-escaped.
 
@@ -27,7 +29,8 @@ from gptlab.runtime import GptlabError, atomic_write_text
 REPORT_FILE = "report.html"
 GENERATOR = '<meta name="generator" content="gptlab runs report">'  # how a later write knows the page is ours
 CURVES = ("loss", "val_bpb")  # drawn against every axis; with val loss beside the train loss
-STANDARD = {"step", "loss", "tokens", "tokens_per_s", "mfu", "elapsed", "val_loss", "val_bpb"}  # drawn elsewhere
+MOE_KEYS = ("moe_aux_loss", "moe_max_load", "moe_layers")  # the Trainer's MoE figures (gptlab.train.moe_stats)
+STANDARD = {"step", "loss", "tokens", "tokens_per_s", "mfu", "elapsed", "val_loss", "val_bpb", *MOE_KEYS}  # drawn elsewhere
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.2em .6em;text-align:right}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}pre{background:#f6f6f6;padding:.6em;white-space:pre-wrap}
@@ -45,7 +48,7 @@ def write_report(run_dir: str | os.PathLike) -> Path:
 
 
 def render_report(run: RunRecord) -> str:
-    sections = [_heading(run), _summary(run), _curves(run), _throughput(run), _others(run), _evaluations(run),
+    sections = [_heading(run), _summary(run), _curves(run), _throughput(run), _experts(run), _others(run), _evaluations(run),
                 _card(run), _samples(run), _key_values("Machine", run.machine, f"no machine.json in {run.path}"),
                 _key_values("Config", _flatten(run.config) if run.config else None, f"no train_config.json in {run.path}")]
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">{GENERATOR}<title>{escape(run.name)}: gptlab run report</title>"
@@ -113,6 +116,54 @@ def _throughput(run: RunRecord) -> str:
     if not draw(axes[0][1], [run], "mfu", "time"):
         nothing_logged(axes[0][1], "no MFU: no peak FLOP/s known\n(pass --mfu-peak NAME or a number)")
     return "<h2>Throughput</h2>\n" + image(png_bytes(figure), "tokens per second and MFU over training time")
+
+
+def _experts(run: RunRecord) -> str:
+    """Mixture of experts: per sparse layer, load and drops against step and each expert's share as a heatmap
+    (experts x steps), then the latest figures. Nothing for a dense run."""
+    records = [record for record in run.train if isinstance(record.get("moe_layers"), list) and record["moe_layers"]]
+    if not records:
+        return ""
+    numbers = list(dict.fromkeys(layer["layer"] for record in records for layer in record["moe_layers"]))
+    figure, axes = subplots(1 + len(numbers), 3, width=3.6, height=2.6)
+    for axis, key in zip(axes[0], ("moe_max_load", "moe_aux_loss")):
+        draw(axis, [run], key, "step")
+        axis.set_title(LABELS[key], fontsize=9)
+        axis.set_ylabel("")
+    axes[0][2].set_visible(False)
+    top_k = ((run.config or {}).get("model") or {}).get("moe", {}).get("top_k")
+    for row, number in zip(axes[1:], numbers):
+        _expert_panels(row, records, number, top_k)
+    latest = [[layer["layer"], _number(layer["max_load"]), f"{layer['dropped']:.2%}", _number(layer["balance"]),
+               _number(layer["z"]), " ".join(f"{share:.0%}" for share in layer["tokens"])] for layer in records[-1]["moe_layers"]]
+    return ("<h2>Mixture of experts</h2>\n"
+            + _note("max / mean load: 1 when the experts share the tokens evenly, n_experts / top_k when every token "
+                    "picks the same experts (a collapsed router). Figures of the logged steps, summed over ranks.")
+            + image(png_bytes(figure), "expert load per sparse layer: max/mean load, dropped assignments, tokens per expert")
+            + f"<h3>Expert load at step {records[-1]['step']:,}</h3>\n"
+            + table(["layer", "max / mean load", "dropped", "balance loss", "z-loss", "tokens per expert"], latest))
+
+
+def _expert_panels(row, records: list[dict], number: int, top_k: int | None) -> None:
+    """One sparse layer's three panels: max/mean load, dropped fraction, and the expert shares as a heatmap
+    from 0 to 1 / top_k (an expert that every token picks): the same colours at every step and in every run."""
+    points = [(record["step"], layer) for record in records for layer in record["moe_layers"] if layer["layer"] == number]
+    steps = [step for step, _ in points]
+    style = "-" if len(points) > 1 else "o"
+    for axis, key, title in ((row[0], "max_load", "max / mean load"), (row[1], "dropped", "dropped fraction")):
+        axis.plot(steps, [layer[key] for _, layer in points], style, linewidth=1.2, markersize=4)
+        axis.set_title(f"layer {number}: {title}", fontsize=9)
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+    shares = [layer["tokens"] for _, layer in points]  # (steps, experts)
+    experts = len(shares[0])
+    span = (steps[0] - 0.5, steps[-1] + 0.5) if len(steps) == 1 else (steps[0], steps[-1])
+    brightest = 1 / top_k if isinstance(top_k, int) and top_k > 0 else max(max(share) for share in shares) or 1.0
+    row[2].imshow([list(column) for column in zip(*shares)], aspect="auto", origin="lower", cmap="viridis",
+                  vmin=0.0, vmax=brightest, extent=(*span, -0.5, experts - 0.5), interpolation="nearest")
+    row[2].set_title(f"layer {number}: tokens per expert (dark 0, bright {brightest:.0%})", fontsize=9)
+    row[2].set_xlabel("step")
+    row[2].set_ylabel("expert")
 
 
 def _others(run: RunRecord) -> str:

@@ -3,6 +3,8 @@
     OUT/metrics.jsonl   one JSON object per logged step: {"step", "loss", "lr", "grad_norm", "tokens",
                         "tokens_per_s", "mfu", "elapsed"} and, at evaluations, {"val_loss", "val_bpb"};
                         elapsed: seconds of training so far, resumed runs counting on from their checkpoint
+                        MoE runs add {"moe_aux_loss", "moe_max_load", "moe_layers": [per sparse layer]}
+                        (gptlab.train.moe_stats); only numbers go to the console and the scalar sinks
     OUT/loss.png        train and val loss against step, drawn at the end
     OUT/tensorboard/    TensorBoard event files (--tensorboard): each number of a record as a scalar at its step; a resumed
                         run opens its writer with purge_step, so TensorBoard drops what was logged after the checkpoint

@@ -29,6 +29,8 @@ The Trainer's other parts, each a mixin in a module of its own:
     gptlab.train.resume        what a checkpoint saves and how a run resumes from one (exactly)
     gptlab.train.micro_batch   micro_batch 0 (auto) fitted to the memory; a step retried smaller after CUDA runs out
     gptlab.train.hooks         the opening line, evaluation, tasks, samples, the run's report and machine record
+    gptlab.train.moe_stats     mixture of experts: the routing-bias step after each update, the expert-load metrics
+                               (the logged loss stays the cross-entropy; the balance losses in it are moe_aux_loss)
 
 Subclasses (gptlab.align: SFT, DPO, GRPO) replace the data, the model and the micro-batch's loss.
 Not here: the optimizer (gptlab.train.optim), the schedule (gptlab.train.schedule),
@@ -47,7 +49,7 @@ from pathlib import Path
 import torch
 
 from gptlab.model import GPT
-from gptlab.parallel.wrap import finish_gradient_synchronization, gradient_norm, no_sync
+from gptlab.parallel.wrap import clip_gradients, finish_gradient_synchronization, no_sync
 from gptlab.runtime import GptlabError
 from gptlab.runtime.device import Runtime, init_runtime
 from gptlab.runtime.processes import ctrl_c_deferred
@@ -58,6 +60,7 @@ from gptlab.train.fit import out_of_memory_error
 from gptlab.train.hooks import HooksMixin
 from gptlab.train.metrics import console_line, plot_losses
 from gptlab.train.micro_batch import MicroBatchMixin
+from gptlab.train.moe_stats import clear_statistics, moe_metrics, update_routing_biases
 from gptlab.train.prepare import FREE_FIELDS, RUN_FILES, PrepareMixin
 from gptlab.train.resume import ResumeMixin, TrainState
 from gptlab.train.schedule import learning_rate
@@ -111,6 +114,7 @@ class Trainer(PrepareMixin, ResumeMixin, MicroBatchMixin, HooksMixin):
         self.before_fn: Callable[[], object] | None = None  # measures the start (e.g. task accuracy), once the folder is ours
         self.before: object = None  # ... and what it measured
         self.fit_note = ""  # how the micro-batch was chosen, for the announcement
+        self.moe_layers: list = []  # the model's sparse feed-forward layers, found when it is built (fit)
         self.config = self._check_before_compute(config)
 
     # ------------------------------------------------------------ the loop
@@ -121,6 +125,7 @@ class Trainer(PrepareMixin, ResumeMixin, MicroBatchMixin, HooksMixin):
         try:
             self._build()
             self.state = self._restore(resume_from)
+            self.moe_layers = getattr(self.model, "moe_layers", list)()  # sparse feed-forward layers (gptlab.train.moe_stats)
         except GptlabError:  # refused before any training: a new run leaves nothing behind
             if self.folder is not None:
                 self.folder.undo()
@@ -176,22 +181,24 @@ class Trainer(PrepareMixin, ResumeMixin, MicroBatchMixin, HooksMixin):
         lr = learning_rate(state.step, config.optimizer.lr, config.max_steps, config.schedule, self.spent)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_ratio", 1.0)  # Muon's matrices have a peak of their own
-        loss_sum = self._accumulate()
+        losses = torch.stack([self._accumulate(), self.aux_sum])  # the step's loss, and the balance losses in it (MoE)
         if self.runtime.distributed:
-            torch.distributed.all_reduce(loss_sum, op=torch.distributed.ReduceOp.AVG)
-        loss_value = loss_sum.item()
+            torch.distributed.all_reduce(losses, op=torch.distributed.ReduceOp.AVG)
+        loss_value, self.aux_value = losses.tolist()
         if not math.isfinite(loss_value):
             good = list_checkpoints(config.out)
             where = f"the last good checkpoint is {good[-1]}" if good else "no checkpoint was saved yet"
             raise GptlabError(f"loss is {loss_value} at step {state.step}: stopped before updating the weights; {where}")
         self.scaler.unscale_(self.optimizer)
         clip = config.grad_clip if config.grad_clip > 0 else float("inf")
-        norm = gradient_norm(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        norm = clip_gradients(self.model, clip)  # over all ranks' experts under expert parallelism
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        update_routing_biases(self.moe_layers)  # DeepSeek-V3's bias, from the step's load on every rank
         if device.type == "cuda":
             torch.cuda.synchronize()
+        loss_value -= self.aux_value  # the logged loss is the cross-entropy, comparable with a dense run's
         state.step += 1
         state.tokens += self._step_tokens()
         state.losses.append(loss_value)
@@ -200,6 +207,8 @@ class Trainer(PrepareMixin, ResumeMixin, MicroBatchMixin, HooksMixin):
     def _micro_steps(self) -> torch.Tensor:
         """Forward and backward of the step's micro-batches, gradients accumulating; their losses summed."""
         loss_sum = torch.zeros((), device=self.runtime.device)
+        self.aux_sum = torch.zeros((), device=self.runtime.device)  # the part of loss_sum the MoE balance losses are
+        clear_statistics(self.moe_layers)  # this step's statistics only (a retried pass counted some)
         batches, weights = self._step_batches()
         for micro, ((x, y, kwargs), weight) in enumerate(zip(batches, weights)):
             last = micro == self.accum - 1
@@ -207,6 +216,7 @@ class Trainer(PrepareMixin, ResumeMixin, MicroBatchMixin, HooksMixin):
             with sync:
                 loss = self._micro_loss(x, y, kwargs, weight)
                 loss_sum += loss.detach()
+                self.aux_sum += self._aux_share(y, weight)
                 self.scaler.scale(loss).backward()
         finish_gradient_synchronization(self.wrapped)  # the hand-written variants wait for their all-reduces here
         return loss_sum
@@ -217,6 +227,14 @@ class Trainer(PrepareMixin, ResumeMixin, MicroBatchMixin, HooksMixin):
         with self.cast:
             _, loss = self.wrapped(x, y, loss_reduction="mean" if weight is None else "sum", fused_loss=fused, **kwargs)
         return loss / self.accum if weight is None else loss * weight
+
+    def _aux_share(self, y: torch.Tensor, weight: float | None) -> torch.Tensor | float:
+        """The MoE balance losses' part of the micro-batch's loss, scaled as _micro_loss scales the loss: the model
+        added them per counted token under "sum" (gptlab.model.gpt). 0 for a dense model or a loss without them."""
+        aux = getattr(self.model, "last_aux_loss", None)
+        if aux is None:
+            return 0.0
+        return aux / self.accum if weight is None else aux * (y != IGNORE).sum() * weight
 
     def _step_tokens(self) -> int:
         """Tokens the step trained on: the configured batch (GRPO: its rollout's rows, as long as the longest)."""
@@ -257,13 +275,20 @@ class Trainer(PrepareMixin, ResumeMixin, MicroBatchMixin, HooksMixin):
         elapsed = time.perf_counter() - self.start_time
         record = {"step": state.step, "loss": loss, "lr": lr, "grad_norm": norm, "tokens": state.tokens,
                   "tokens_per_s": rate, "mfu": self._mfu(rate), "elapsed": state.elapsed_before + elapsed,
-                  **self._step_metrics()}
+                  **self._step_metrics(), **self._moe_metrics()}
         self.metrics.log(record)
         done = len(state.losses)
         eta = elapsed / done * (config.max_steps - state.step) if done else None
         if config.time_limit and eta is not None:
             eta = min(eta, max(0.0, config.time_limit * (1 - self.spent)))
         self.print(console_line(record, config.max_steps, eta, self.spent if config.time_limit else None))
+
+    def _moe_metrics(self) -> dict:
+        """Per sparse layer, the logged step's expert load summed over ranks (gptlab.train.moe_stats); {} if dense."""
+        if not self.moe_layers:
+            return {}
+        numbers = [index for index, sparse in enumerate(self.model.config.sparse_layers) if sparse]
+        return moe_metrics(self.moe_layers, numbers, self.aux_value)
 
     def _periodic(self, out_of_time: bool) -> None:
         """Evaluations, samples and checkpoints that fall on this step (not on the last: _finish does those)."""
