@@ -37,7 +37,7 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check src tests bench
-	$(PY) -m pytest -n 2 -q
+	$(PY) -m pytest -n 2 --dist loadgroup -q  # loadgroup: tests sharing a module fixture (xdist_group) build it once
 
 # The docs site (mkdocs.yml, docs/) into site/, offline; --strict: a broken link, a missing page or a page left out of
 # the nav fails, as in CI (tests/test_docs_site.py). Read it at site/index.html, or serve it: $(PY) -m mkdocs serve

@@ -121,6 +121,7 @@ def finished_sweep(prepared, tmp_path_factory):
     return out, rows
 
 
+@pytest.mark.xdist_group("sweep_finished")  # one worker builds the module fixture once
 def test_sweep_rows_equal_the_same_run_trained_directly(prepared, finished_sweep, tmp_path):
     out, rows = finished_sweep
     assert [row["status"] for row in rows] == ["finished"] * 6
@@ -134,12 +135,14 @@ def test_sweep_rows_equal_the_same_run_trained_directly(prepared, finished_sweep
     assert row["flops_with_attention"] > row["flops"]
 
 
+@pytest.mark.xdist_group("sweep_finished")  # one worker builds the module fixture once
 def test_sweep_results_file_holds_every_row_in_grid_order(finished_sweep):
     out, rows = finished_sweep
     lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert lines == rows == read_rows(out) == read_rows(out / "results.jsonl")
 
 
+@pytest.mark.xdist_group("sweep_finished")  # one worker builds the module fixture once
 def test_sweep_rerun_skips_finished_runs_without_training(prepared, finished_sweep):
     out, rows = finished_sweep
     before = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/metrics.jsonl")}
@@ -150,6 +153,7 @@ def test_sweep_rerun_skips_finished_runs_without_training(prepared, finished_swe
     assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/metrics.jsonl")} == before
 
 
+@pytest.mark.xdist_group("sweep_finished")  # one worker builds the module fixture once
 def test_sweep_grows_into_an_existing_sweep_and_refuses_other_settings(prepared, finished_sweep):
     out, _ = finished_sweep
     with pytest.raises(GptlabError, match="other settings.*seq_len"):
@@ -222,18 +226,18 @@ def test_sweep_killed_mid_run_resumes_to_the_uninterrupted_rows(prepared, tmp_pa
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     assert list(run.glob("checkpoints/step_*")) and not (tmp_path / "killed" / "rows" / "c3e9-1x32.json").exists()  # killed mid-run
-    subprocess.run(command, check=True, capture_output=True, env=ONE_THREAD)
-    uninterrupted = _cli_sweep(prepared, tmp_path / "straight", budgets=("3e9",), sizes=sizes)
-    subprocess.run(uninterrupted, check=True, capture_output=True, env=ONE_THREAD)
+    # the rerun and the reference run in this process: only the killed sweep needs a process of its own (saves two starts)
+    assert main(command[3:]) == 0
+    assert main(_cli_sweep(prepared, tmp_path / "straight", budgets=("3e9",), sizes=sizes)[3:]) == 0
     strip = [{k: v for k, v in row.items() if k != "seconds"} for row in read_rows(tmp_path / "killed")]
     assert strip == [{k: v for k, v in row.items() if k != "seconds"} for row in read_rows(tmp_path / "straight")]
     assert len(strip) == 2 and all(row["status"] == "finished" for row in strip)
 
 
-def test_slurm_script_runs_one_grid_point_per_array_task(prepared, tmp_path, monkeypatch):
+def test_slurm_script_runs_one_grid_point_per_array_task(prepared, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    written = subprocess.run([*_cli_sweep(prepared, Path("s")), "--slurm"], capture_output=True, text=True, check=True, env=ONE_THREAD)
-    assert "submit with `sbatch s/sweep.sbatch`" in written.stdout and not list((tmp_path / "s").glob("r*/*"))  # nothing trained
+    assert main([*_cli_sweep(prepared, Path("s"))[3:], "--slurm"]) == 0  # in this process: only the array task needs its own
+    assert "submit with `sbatch s/sweep.sbatch`" in capsys.readouterr().out and not list((tmp_path / "s").glob("r*/*"))  # nothing trained
     script = (tmp_path / "s" / "sweep.sbatch").read_text()
     assert "#SBATCH --array=0-5" in script and (tmp_path / "s" / "logs").is_dir()
     subprocess.run(["bash", "-n", "s/sweep.sbatch"], check=True)
@@ -291,6 +295,7 @@ def interrupted_then_resumed(prepared, out: Path, run, straight_rows) -> str:
     return result.stdout
 
 
+@pytest.mark.xdist_group("sweep_straight_rows")  # one worker builds the module fixture once
 @pytest.mark.parametrize("moment", ["check_point", "claim_sweep", "training", "write_row", "write_results"])
 def test_sweep_ctrl_c_at_any_moment_exits_130_in_one_line_and_the_same_command_resumes(prepared, tmp_path, straight_rows, moment):
     def run(command):
@@ -305,6 +310,7 @@ def test_sweep_ctrl_c_at_any_moment_exits_130_in_one_line_and_the_same_command_r
         assert "interrupted at step 4: saving a checkpoint" in stdout and "[2/2] c2e8-1x32" in stdout
 
 
+@pytest.mark.xdist_group("sweep_straight_rows")  # one worker builds the module fixture once
 def test_sweep_ctrl_c_from_outside_after_each_delay_exits_130_and_resumes(prepared, tmp_path, straight_rows):
     """A real Ctrl-C sent by another process as the first run starts, and as it trains (between runs: above)."""
     for number, wait_for in enumerate(("[1/2]", f"step {4:>6}/13")):

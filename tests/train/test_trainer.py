@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -190,14 +191,15 @@ def run_on_two_ranks(script_text: str, prepared: Path, tmp_path: Path) -> subpro
     return result
 
 
-def test_ddp_on_two_gloo_processes_equals_one_process(prepared, tmp_path):
+@pytest.mark.xdist_group("trainer_two_ranks")  # one worker runs the shared launch once
+def test_ddp_on_two_gloo_processes_equals_one_process(prepared, tmp_path, two_rank_runs):
     """2 ranks x 2 micro-steps x 2 sequences == 1 process x 4 micro-steps x 2 sequences: the same weights."""
     single = tiny_config(prepared, tmp_path / "single", micro_batch=2, batch_tokens=8 * 32, max_steps=3)
     quiet(single).fit()
-    run_on_two_ranks(DDP_SCRIPT, prepared, tmp_path)
-    state = json.loads((list_checkpoints(tmp_path / "ddp")[-1] / "trainer_state.json").read_text())
+    ddp = two_rank_runs.folder / "ddp"
+    state = json.loads((list_checkpoints(ddp)[-1] / "trainer_state.json").read_text())
     assert len(state["loader"]) == 2 and state["loader"][1]["rank"] == 1
-    wa, wb = final_weights(tmp_path / "single"), final_weights(tmp_path / "ddp")
+    wa, wb = final_weights(tmp_path / "single"), final_weights(ddp)
     for name in wa:
         torch.testing.assert_close(wb[name], wa[name], rtol=1e-4, atol=1e-5)
 
@@ -279,14 +281,44 @@ result = Trainer(config, log=lambda *_: None).fit()
 print(f"rank {os.environ['RANK']}: {result.status} at step {result.steps}", flush=True)
 """
 
+# The three 2-rank runs above and below share one torchrun launch (three started Pythons, each importing torch, cost
+# more than the tiny runs themselves): a plain DDP run, the time-limit run (rank 1's clock put back after it), then the
+# masked-targets run, each in its own folder of argv[2].
+TWO_RANK_RUNS_SCRIPT = f"""
+import sys, time
+from pathlib import Path
+import gptlab.train.trainer as trainer_module
+from tests.train.conftest import mask_some_targets
 
-def test_ddp_ranks_agree_on_the_time_limit_so_none_waits_forever(prepared, tmp_path):
-    result = run_on_two_ranks(TIME_LIMIT_SCRIPT, prepared, tmp_path)
-    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
+out = Path(sys.argv[2])
+
+def run_script(text, name):
+    sys.argv[2] = str(out / name)
+    exec(compile(text, name, "exec"), {{"__name__": "__main__"}})
+
+run_script({DDP_SCRIPT!r}, "ddp")
+run_script({TIME_LIMIT_SCRIPT!r}, "time_limit")
+trainer_module.time = time
+mask_some_targets()
+run_script({DDP_SCRIPT!r}, "masked")
+"""
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(prepared, tmp_path_factory):
+    """The three runs on 2 gloo ranks: `folder` holds ddp/, time_limit/ and masked/; `stdout` is what the ranks printed."""
+    folder = tmp_path_factory.mktemp("two_ranks")
+    result = run_on_two_ranks(TWO_RANK_RUNS_SCRIPT, prepared, folder)
+    return SimpleNamespace(folder=folder / "ddp", stdout=result.stdout)
+
+
+@pytest.mark.xdist_group("trainer_two_ranks")  # one worker runs the shared launch once
+def test_ddp_ranks_agree_on_the_time_limit_so_none_waits_forever(two_rank_runs):
+    lines = sorted(line for line in two_rank_runs.stdout.splitlines() if line.startswith("rank "))
     assert len(lines) == 2 and lines[0].split(": ")[1] == lines[1].split(": ")[1]
     step = int(lines[0].rsplit(" ", 1)[1])
     assert "time limit" in lines[0] and 0 < step < 50
-    assert list_checkpoints(tmp_path / "ddp")[-1].name == f"step_{step:06d}"
+    assert list_checkpoints(two_rank_runs.folder / "time_limit")[-1].name == f"step_{step:06d}"
 
 
 def test_masked_loss_is_the_mean_over_every_counted_target_of_the_step(prepared, tmp_path, monkeypatch):
@@ -308,16 +340,13 @@ def test_masked_loss_is_the_mean_over_every_counted_target_of_the_step(prepared,
         torch.testing.assert_close(final_weights(tmp_path / "split")[name], tensor, rtol=1e-4, atol=1e-5)
 
 
-MASKED_DDP_SCRIPT = DDP_SCRIPT.replace("from pathlib import Path", "from pathlib import Path\nfrom tests.train.conftest import mask_some_targets\nmask_some_targets()")
-
-
-def test_masked_loss_on_two_gloo_ranks_equals_one_process(prepared, tmp_path, monkeypatch):
+@pytest.mark.xdist_group("trainer_two_ranks")  # one worker runs the shared launch once
+def test_masked_loss_on_two_gloo_ranks_equals_one_process(prepared, tmp_path, monkeypatch, two_rank_runs):
     """Ranks hold different numbers of counted targets: the step's mean is still over all of them (== one process)."""
     mask_some_targets(monkeypatch)
     single = quiet(tiny_config(prepared, tmp_path / "single", micro_batch=2, batch_tokens=8 * 32, max_steps=3)).fit()
     assert all(map(math.isfinite, single.losses))
-    run_on_two_ranks(MASKED_DDP_SCRIPT, prepared, tmp_path)
-    wa, wb = final_weights(tmp_path / "single"), final_weights(tmp_path / "ddp")
+    wa, wb = final_weights(tmp_path / "single"), final_weights(two_rank_runs.folder / "masked")
     for name in wa:
         torch.testing.assert_close(wb[name], wa[name], rtol=1e-4, atol=1e-5)
 
