@@ -6,9 +6,15 @@ that never gets a gradient, and blocks for FSDP to shard one by one.
 
 from __future__ import annotations
 
+import datetime
+import os
+from collections.abc import Callable
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
@@ -78,3 +84,23 @@ def single_process_weights(world: int, accum: int, optimizer_class=torch.optim.A
     model = make_model()
     train(model, optimizer_class(model.parameters(), lr=LR), batches(world, accum), cast=cast)
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def run_on_gloo(cases: Callable[[int, int, dict], None], rank: int, world: int, init_file: str, out: str) -> None:
+    """A spawned rank: join the gloo group, run `cases(rank, world, results)`, write OUT/rank{rank}.pt (even on failure)."""
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    results: dict = {}
+    try:
+        cases(rank, world, results)
+    finally:
+        torch.save(results, Path(out) / f"rank{rank}.pt")
+        dist.destroy_process_group()
+
+
+def spawn_ranks(run_cases: Callable, folder: Path, world: int) -> list[dict]:
+    """Every rank's results dict, from `run_cases(rank, world, init_file, out)` spawned on `world` processes."""
+    mp.spawn(run_cases, args=(world, str(folder / "init"), str(folder)), nprocs=world, join=True)
+    return [torch.load(folder / f"rank{rank}.pt", weights_only=False) for rank in range(world)]

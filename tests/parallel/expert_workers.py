@@ -6,18 +6,14 @@ tiny MoE model wrapped as the Trainer wraps it (parallelize with expert_parallel
 
 from __future__ import annotations
 
-import datetime
-import os
-from pathlib import Path
-
 import torch
-import torch.distributed as dist
 
 from gptlab.model.config import MoEConfig, preset
 from gptlab.model.gpt import GPT
 from gptlab.model.moe import MoE
 from gptlab.parallel.expert import gather_expert_weights, shard_experts
 from gptlab.parallel.wrap import OptimizerRecipe, ParallelConfig, clip_gradients, full_optimizer_state, parallelize
+from tests.parallel.common import run_on_gloo
 
 ROWS, T, STEPS, LR = 2, 8, 3, 1e-2  # rows per rank
 CLIP = 0.5  # below the tiny model's gradient norm (~1-3): clipping acts every step
@@ -84,16 +80,11 @@ def _training(rank: int, world: int, results: dict) -> None:
     results["optimizer"] = full_optimizer_state(optimizer, model)
 
 
+def _cases(rank: int, world: int, results: dict) -> None:
+    _dispatch(rank, world, results)
+    _training(rank, world, results)
+
+
 def run_cases(rank: int, world: int, init_file: str, out: str) -> None:
     """Entry point for torch.multiprocessing.spawn; writes OUT/rank{rank}.pt."""
-    torch.set_num_threads(1)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
-    results: dict = {}
-    try:
-        _dispatch(rank, world, results)
-        _training(rank, world, results)
-    finally:
-        torch.save(results, Path(out) / f"rank{rank}.pt")
-        dist.destroy_process_group()
+    run_on_gloo(_cases, rank, world, init_file, out)

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from gptlab.parallel.data_parallel import MIB, make_buckets
-from tests.parallel.common import DTYPES, LR, autocast_to, make_model, single_process_weights
+from tests.parallel.common import DTYPES, LR, autocast_to, make_model, single_process_weights, spawn_ranks
 from tests.parallel.workers import BUCKET_MB, HAND, run_cases
 
 WORLD = 2
@@ -21,8 +20,7 @@ WORLD = 2
 def ranks(tmp_path_factory) -> list[dict]:
     """Every case's results, one dict per rank."""
     folder = tmp_path_factory.mktemp("parallel")
-    mp.spawn(run_cases, args=(WORLD, str(folder / "init"), str(folder)), nprocs=WORLD, join=True)
-    return [torch.load(folder / f"rank{rank}.pt", weights_only=False) for rank in range(WORLD)]
+    return spawn_ranks(run_cases, folder, WORLD)
 
 
 def assert_same(weights: dict, reference: dict, exact: bool = False) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from gptlab.model.config import MoEConfig, preset
 from gptlab.model.gpt import GPT
@@ -16,6 +15,7 @@ from gptlab.parallel.expert import expert_parallel_costs
 from gptlab.parallel.wrap import ParallelConfig, check_config
 from gptlab.runtime import GptlabError
 from gptlab.train import Trainer
+from tests.parallel.common import spawn_ranks
 from tests.parallel.expert_workers import CLIP, LR, ROWS, layer_inputs, make_layer, make_model, token_batches
 from tests.train.conftest import tiny_config
 from tests.train.test_trainer import final_weights, run_on_two_ranks
@@ -28,8 +28,7 @@ def ranks(tmp_path_factory) -> list[dict]:
     from tests.parallel.expert_workers import run_cases
 
     folder = tmp_path_factory.mktemp("expert")
-    mp.spawn(run_cases, args=(WORLD, str(folder / "init"), str(folder)), nprocs=WORLD, join=True)
-    return [torch.load(folder / f"rank{rank}.pt", weights_only=False) for rank in range(WORLD)]
+    return spawn_ranks(run_cases, folder, WORLD)
 
 
 def close(actual, expected, name="", atol=1e-6) -> None:

@@ -5,18 +5,13 @@ One process group serves every case (starting processes costs more than the case
 
 from __future__ import annotations
 
-import datetime
-import os
-from pathlib import Path
-
 import torch
-import torch.distributed as dist
 
 from gptlab.parallel.data_parallel import DataParallel
 from gptlab.parallel.fsdp import full_model_state, shard_model
 from gptlab.parallel.wrap import OptimizerRecipe, ParallelConfig, no_sync, parallelize
 from gptlab.parallel.zero import ShardedOptimizer
-from tests.parallel.common import LR, autocast_to, batches, make_model, rank_rows, train
+from tests.parallel.common import LR, autocast_to, batches, make_model, rank_rows, run_on_gloo, train
 
 BUCKET_MB = 300 / 2**20  # 300 bytes: the tiny model's gradients fill 4 buckets
 HAND = ("allreduce", "overlap", "bucketed")
@@ -107,23 +102,18 @@ def _fsdp_mixed(rank: int, world: int, precision: str, results: dict) -> None:
     results[(f"fsdp {precision}", 2)] = full_model_state(model)
 
 
+def _cases(rank: int, world: int, results: dict) -> None:
+    for accum in (1, 2):
+        _torch_ddp(rank, world, accum, results)
+        for variant in HAND:
+            _data_parallel(rank, world, accum, variant, results)
+    for kind in ("zero1", "zero torch"):
+        _sharded(rank, world, kind, results)
+    _fsdp(rank, world, results)
+    for precision in ("bf16", "fp16"):
+        _fsdp_mixed(rank, world, precision, results)
+
+
 def run_cases(rank: int, world: int, init_file: str, out: str) -> None:
     """Entry point for torch.multiprocessing.spawn; writes OUT/rank{rank}.pt."""
-    torch.set_num_threads(1)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
-    results: dict = {}
-    try:
-        for accum in (1, 2):
-            _torch_ddp(rank, world, accum, results)
-            for variant in HAND:
-                _data_parallel(rank, world, accum, variant, results)
-        for kind in ("zero1", "zero torch"):
-            _sharded(rank, world, kind, results)
-        _fsdp(rank, world, results)
-        for precision in ("bf16", "fp16"):
-            _fsdp_mixed(rank, world, precision, results)
-    finally:
-        torch.save(results, Path(out) / f"rank{rank}.pt")
-        dist.destroy_process_group()
+    run_on_gloo(_cases, rank, world, init_file, out)

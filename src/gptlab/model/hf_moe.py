@@ -160,14 +160,16 @@ def unfuse_experts(hf: Tensors, model_type: str) -> Tensors:
     return state
 
 
+def _sparse_layers(model):
+    """(block number, MoE layer) for each sparse layer of `model`."""
+    return [(layer, block.mlp) for layer, block in enumerate(model.transformer["h"]) if hasattr(block.mlp, "experts_fc")]
+
+
 def moe_state_to_hf(model, model_type: str) -> Tensors:
     """The sparse layers' weights under the family's per-expert names (the llama mapping does the rest)."""
     block, gate, up, down = EXPERT_NAMES[model_type]
     state: Tensors = {}
-    for layer, moe in enumerate(model.transformer["h"]):
-        moe = moe.mlp
-        if not hasattr(moe, "experts_fc"):
-            continue
+    for layer, moe in _sparse_layers(model):
         prefix = f"model.layers.{layer}.{block}."
         state[f"{prefix}gate.weight"] = moe.router.weight
         for e in range(moe.experts_fc.shape[0]):
@@ -180,10 +182,7 @@ def moe_state_from_hf(model, hf: Tensors, model_type: str) -> Tensors:
     """Our sparse layers' tensors from the per-expert names; route_bias zero (neither family has one)."""
     block, gate, up, down = EXPERT_NAMES[model_type]
     state: Tensors = {}
-    for layer, moe in enumerate(model.transformer["h"]):
-        moe = moe.mlp
-        if not hasattr(moe, "experts_fc"):
-            continue
+    for layer, moe in _sparse_layers(model):
         prefix, ours = f"model.layers.{layer}.{block}.", f"transformer.h.{layer}.mlp."
         experts = range(moe.experts_fc.shape[0])
         state[f"{ours}router.weight"] = hf[f"{prefix}gate.weight"]

@@ -20,9 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from gptlab.model.moe import MoE
-
-STAT_NAMES = ("dropped", "assignments", "balance", "z", "forwards")  # pop_stats' scalars, after its `tokens` (E,)
+from gptlab.model.moe import STAT_NAMES, MoE  # STAT_NAMES: pop_stats' scalars, after its `tokens` (E,)
 
 
 def clear_statistics(layers: list[MoE]) -> None:
