@@ -65,9 +65,23 @@ def step_seconds(module: torch.nn.Module, x: torch.Tensor, iters: int) -> float:
     return (time.perf_counter() - start) / iters
 
 
+def check_same(sparse: MoE, x: torch.Tensor) -> None:
+    """Both dispatches give the same output before either is timed (the loop is the reference)."""
+    outputs = []
+    with torch.no_grad():
+        for impl in ("grouped", "loop"):
+            sparse.moe = dataclasses.replace(sparse.moe, impl=impl)
+            outputs.append(sparse(x).float())
+    sparse.pop_stats()
+    tolerance = 1e-4 if x.dtype == torch.float32 else 3e-2
+    if not torch.allclose(*outputs, atol=tolerance, rtol=tolerance):
+        raise SystemExit(f"grouped and loop differ by {(outputs[0] - outputs[1]).abs().max():.3g}: not timing them")
+
+
 def measure(shape: str, top_k: int, device: str, dtype: torch.dtype, rounds: int, iters: int) -> dict[str, float]:
     """Median tokens/s of grouped, loop and dense, the three alternating round by round."""
     sparse, dense, x = build(shape, top_k, device, dtype)
+    check_same(sparse, x)
     impls = {
         "grouped": (sparse, dataclasses.replace(sparse.moe, impl="grouped")),
         "loop": (sparse, dataclasses.replace(sparse.moe, impl="loop")),
