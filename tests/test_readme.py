@@ -96,6 +96,7 @@ CURATE = "gptlab data curate crawl/*.warc.gz"
 SFT = "gptlab sft --init runs/shakespeare/train --data \"task:arithmetic[n=20000,digits=1], examples/chats.jsonl@2\""
 SFT_ARITH = "gptlab sft  --init runs/shakespeare/train --data \"task:arithmetic[n=40000,digits=2]\" --max-steps 400"
 RM = "gptlab rm   --init runs/shakespeare/sft --out runs/rm"
+MOE_TRAIN = "gptlab train --data runs/shakespeare/data --out runs/moe"
 FIT = "gptlab fit sweeps/mini --target 1e14 1e16"
 SP_TRAIN = "gptlab tokenizer train --style sentencepiece --corpus shakespeare --vocab-size 8000 --out sp8k/"
 VIEWER = Scale(serve=True, probe="/tokenizer/api/tokenizers")
@@ -131,6 +132,12 @@ RUNS: dict[str, Scale] = {
     # stage 3
     "from gptlab.model import GPT, preset": Scale(),
     "gptlab model info --preset gpt2": Scale(),
+    "gptlab model info --preset moe-mini": Scale(),
+    "gptlab sweep --data runs/shakespeare/data --budgets 6e11 2e12 --sizes llama-tiny moe-tiny --count active": Scale(),
+    "import dataclasses\nimport torch\nfrom gptlab.model import GPT, preset\nfrom gptlab.model.config import MoEConfig": Scale(),
+    MOE_TRAIN: Scale(extra=TRAIN_SMALL),
+    "gptlab export hf runs/moe out/moe-hf": Scale(needs=(MOE_TRAIN,)),
+    "import torch\nfrom transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM": Scale(),
     "gptlab sample --checkpoint runs/shakespeare --prompt \"ROMEO:\"": Scale(extra=("--max-new-tokens", "8")),
     EXPORT: Scale(),
     # stage 4
@@ -206,6 +213,8 @@ ELSEWHERE: dict[str, str] = {
     ".venv/bin/python -m pytest -q -rs -k cuda tests/": "needs a GPU: the CUDA tests skip on a CPU (docs/gpu.md)",
     ".venv/bin/python -m pytest -q -rs tests/kernels": "needs a GPU for the Triton kernels' compiled path (docs/gpu.md); "
                                                        "tests/kernels runs in the suite",
+    "torchrun --nproc-per-node 2 -m gptlab.cli.main train --data runs/shakespeare/data --out runs/moe-ep":
+        "2 processes for ~10 s: tests/parallel/test_expert_parallel.py runs this command's Trainer under torchrun",
     "torchrun --nnodes 2 --nproc-per-node 8": "needs 2 machines of 8 GPUs each and their shared data (docs/multinode.md)",
     "gptlab data prepare hf:HuggingFaceFW/fineweb-edu": NETWORK,
     "gptlab train --init-from gpt2": NETWORK,
