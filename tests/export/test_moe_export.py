@@ -33,6 +33,16 @@ def test_export_moe_custom_code_loads_in_transformers_with_equal_logits_and_roun
     back = load_pretrained_directory(tmp_path / "hf")
     assert back.config == model.config
     assert_same_weights(model, back)
+    if moe.get("capacity_factor"):  # capacity cuts in training only, in both codes: the same drops there
+        assert_same_training_logits(model, reference, ids())
+
+
+def assert_same_training_logits(ours, reference, idx: torch.Tensor) -> None:
+    with torch.no_grad():
+        logits, _ = ours.train()(idx)
+        expected = reference.train()(idx).logits
+    assert sum(float(layer.pop_stats()["dropped"]) for layer in ours.moe_layers()) > 0  # assignments were dropped
+    torch.testing.assert_close(logits, expected, atol=2e-5, rtol=1e-5)
 
 
 def test_export_moe_without_bias_update_but_a_bias_writes_custom_code(tmp_path):

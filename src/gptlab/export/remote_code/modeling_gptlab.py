@@ -141,9 +141,9 @@ class GptlabMoE(nn.Module):
     """A mixture of experts, as gptlab.model.moe computes it, one expert at a time.
 
     scores = softmax or sigmoid(router(x)); each token takes its top_k experts by score + route_bias (the bias picks,
-    never weighs); weights = the picked scores, renormalised if moe["normalize"]; with capacity_factor > 0 an expert
-    keeps only its first ceil(factor * tokens * top_k / n_experts) assignments in token order; shared experts see
-    every token."""
+    never weighs); weights = the picked scores, renormalised if moe["normalize"]; with capacity_factor > 0, in training, an
+    expert keeps only its first ceil(factor * tokens * top_k / n_experts) assignments in token order (evaluation and
+    generation drop nothing, as in gptlab); shared experts see every token."""
 
     def __init__(self, config: GptlabConfig) -> None:
         super().__init__()
@@ -165,7 +165,7 @@ class GptlabMoE(nn.Module):
         if self.moe["normalize"]:
             weights = weights / weights.sum(-1, keepdim=True)
         capacity = flat.shape[0] * self.moe["top_k"]
-        if self.moe["capacity_factor"]:
+        if self.moe["capacity_factor"] and self.training:
             capacity = math.ceil(self.moe["capacity_factor"] * capacity / self.moe["n_experts"])
         y = torch.zeros_like(flat)
         for expert in range(self.moe["n_experts"]):
