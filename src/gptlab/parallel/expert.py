@@ -35,7 +35,12 @@ EXPERT_WEIGHTS = ("experts_fc", "experts_proj")  # the (n_experts, out, in) para
 
 def moe_layers(model: nn.Module) -> list[nn.Module]:
     """The sparse layers, found by their expert weights (parallel does not import gptlab.model)."""
-    return [module for module in model.modules() if all(hasattr(module, name) for name in EXPERT_WEIGHTS)]
+    return [module for _, module in named_moe_layers(model)]
+
+
+def named_moe_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(qualified name, layer) of each sparse layer, for the parameter names DDP ignores and a checkpoint holds."""
+    return [(name, module) for name, module in model.named_modules() if all(hasattr(module, w) for w in EXPERT_WEIGHTS)]
 
 
 class AllToAll(torch.autograd.Function):
@@ -63,7 +68,7 @@ def shard_experts(model: nn.Module, group=None) -> list[str]:
     (for DDP to ignore)."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     names = []
-    for prefix, layer in [(name, module) for name, module in model.named_modules() if module in moe_layers(model)]:
+    for prefix, layer in named_moe_layers(model):
         n_experts = layer.experts_fc.shape[0]
         if n_experts % world:
             raise GptlabError(f"expert parallelism needs n_experts ({n_experts}) divisible by the world size ({world}); "
@@ -104,7 +109,7 @@ def gather_expert_weights(model: nn.Module, group=None) -> dict[str, torch.Tenso
     (for a checkpoint or an export). A collective: every rank calls it."""
     state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
     world = dist.get_world_size(group)
-    for prefix, layer in [(name, module) for name, module in model.named_modules() if module in moe_layers(model)]:
+    for prefix, layer in named_moe_layers(model):
         for name in EXPERT_WEIGHTS:
             shard = getattr(layer, name).detach().contiguous()
             pieces = [torch.empty_like(shard) for _ in range(world)]

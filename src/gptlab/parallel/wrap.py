@@ -151,6 +151,11 @@ def is_fsdp(model: nn.Module) -> bool:
     return hasattr(model, "set_requires_gradient_sync") and hasattr(model, "reshard")
 
 
+def sharded_forward(model: nn.Module) -> bool:
+    """A forward needs every rank (FSDP's gathers, expert parallelism's all_to_all): rank 0 alone would wait forever."""
+    return is_fsdp(model) or is_expert_parallel(model)
+
+
 def describe(config: ParallelConfig) -> str:
     """A few words for the run's announcement: "bucketed data parallel (25 MiB buckets), ZeRO-1"."""
     if config.fsdp:

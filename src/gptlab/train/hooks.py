@@ -20,7 +20,7 @@ import torch
 
 from gptlab.eval.loss import evaluate_loss
 from gptlab.model.accounting import PEAK_FLOPS, flops_per_token, peak_flops
-from gptlab.parallel.wrap import describe, is_fsdp
+from gptlab.parallel.wrap import describe, sharded_forward
 from gptlab.runs import append_sample, describe_machine, write_machine, write_report
 from gptlab.runs.report import REPORT_FILE
 from gptlab.train.config import TrainConfig
@@ -71,8 +71,8 @@ class HooksMixin:
         self.print(f"step {self.state.step:>6}: " + ", ".join(f"{key} {value:.4f}" for key, value in scores.items()))
 
     def _sample(self) -> None:
-        if self.sample_fn is None or self.tokenizer is None or not self.runtime.is_main or is_fsdp(self.model):
-            return  # under FSDP a forward on rank 0 alone would wait forever for the others' shards
+        if self.sample_fn is None or self.tokenizer is None or not self.runtime.is_main or sharded_forward(self.model):
+            return  # under FSDP or expert parallelism a forward on rank 0 alone would wait forever for the others
         was_training = self.model.training
         self.model.eval()
         text = self.sample_fn(self.model, self.tokenizer)
