@@ -25,8 +25,13 @@ $(VENV)/.installed: $(VENV)/.torch pyproject.toml $(LOCK) $(NATIVE)
 	$(PIP) install -q -c $(LOCK) -e .
 	touch $@
 
+# The dev extras hold llama-cpp-python, which compiles llama.cpp from source (a C++ compiler and cmake: on Debian
+# `apt-get install build-essential cmake`): the library alone, no examples, tests, tools or server, on every core.
+# Minutes, once: pip caches the wheel it builds.
+LLAMA_CMAKE_ARGS ?= -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 $(VENV)/.installed-dev: $(VENV)/.torch pyproject.toml $(LOCK) $(NATIVE)
-	$(PIP) install -q -c $(LOCK) -e ".[dev]"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2) \
+		$(PIP) install -q -c $(LOCK) -e ".[dev]"
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
