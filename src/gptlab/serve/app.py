@@ -1,7 +1,8 @@
 """The HTTP server: OpenAI-compatible endpoints over a continuous-batching engine, and the web chat page.
 
     GET  /                      the web chat (static/index.html)
-    GET  /health                {"status": "ok", "running": 2, "waiting": 0}   (never needs the API key)
+    GET  /health                {"status": "ok", "running": 2, "waiting": 0, "prefix_cache": {"hits": 480, ...}}
+                                (never needs the API key; prefix_cache: gptlab.infer.prefix_cache's counters, null when off)
     GET  /v1/models             the one model served
     POST /v1/chat/completions   messages -> the assistant's reply (needs a tokenizer with the chat tokens)
     POST /v1/completions        prompt text (or texts, or token ids) -> its continuation
@@ -116,7 +117,8 @@ def build_app(
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "running": engine.running(), "waiting": engine.waiting()}
+        prefix = engine.prefix_cache.stats.as_dict() if engine.prefix_cache is not None else None  # hits: prompt tokens reused
+        return {"status": "ok", "running": engine.running(), "waiting": engine.waiting(), "prefix_cache": prefix}
 
     @app.get("/v1/models", dependencies=[Depends(check_key)])
     async def models() -> dict:
@@ -143,7 +145,7 @@ def build_app(
     @app.post("/v1/completions", dependencies=[Depends(check_key)])
     async def completions(body: CompletionRequest, http: Request):
         check_model(body.model)
-        eot = tokenizer.eot_id
+        eot, vocab = tokenizer.eot_id, tokenizer.vocab_size  # vocab_size is computed (max id + 1): once, not per prompt token
         prompts = []
         for prompt in body.prompts():
             ids = tokenizer.encode_ordinary(prompt) if isinstance(prompt, str) else prompt
@@ -151,9 +153,9 @@ def build_app(
                 if eot is None:
                     raise APIError(400, "the prompt is empty and the tokenizer has no end-of-text token to start from", param="prompt")
                 ids = [eot]
-            bad = [token for token in ids if not 0 <= token < tokenizer.vocab_size]
+            bad = [token for token in ids if not 0 <= token < vocab]
             if bad:
-                raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{tokenizer.vocab_size - 1})", param="prompt")
+                raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param="prompt")
             prompts.append(ids)
         texts = [prompt if isinstance(prompt, str) else tokenizer.decode(prompt) for prompt in body.prompts()]
         return await runner.respond(body, prompts, () if eot is None else (eot,), chat=False, http=http, reward_prompts=texts)
