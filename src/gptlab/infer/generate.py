@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gptlab.infer.gemv import single_row_matmuls
 from gptlab.model import GPT, KVCache
 from gptlab.runtime import GptlabError
 
@@ -82,19 +83,36 @@ def sample_next(logits: torch.Tensor, config: SamplingConfig, generator: torch.G
     `config.vocab_size` are never drawn (a model may have more rows than its tokenizer has ids).
     Returns (B,) ids.
     """
-    logits = logits.float()
-    if config.vocab_size is not None and config.vocab_size < logits.size(-1):
-        logits = logits[:, : config.vocab_size]  # ids below the cut keep their numbers
     if config.temperature == 0:
-        return logits.argmax(dim=-1)
+        return _cut(logits, config).argmax(dim=-1)
+    probs = sampling_probs(logits, config)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def sampling_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """The distribution `sample_next` draws from, (..., vocab_size cut): temperature -> top-k -> top-p -> softmax.
+
+    Speculative sampling (gptlab.infer.speculative) compares the target's and the draft's distributions
+    exactly as they are sampled. Greedy (temperature 0) is all mass on the argmax.
+    """
+    logits = _cut(logits, config)
+    if config.temperature == 0:
+        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.size(-1)).float()
     logits = logits / config.temperature
     if config.top_k is not None and config.top_k < logits.size(-1):
-        kth = torch.topk(logits, config.top_k, dim=-1).values[:, -1:]  # (B, 1): the k-th largest logit
+        kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]  # (..., 1): the k-th largest logit
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if config.top_p is not None and config.top_p < 1:
         logits = _nucleus(logits, config.top_p)
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    return torch.softmax(logits, dim=-1)
+
+
+def _cut(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """float32 logits without the ids at or above config.vocab_size (ids below the cut keep their numbers)."""
+    logits = logits.float()
+    if config.vocab_size is not None and config.vocab_size < logits.size(-1):
+        logits = logits[..., : config.vocab_size]
+    return logits
 
 
 def _nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -194,7 +212,8 @@ def last_logits(model: GPT, idx: torch.Tensor, **kwargs) -> torch.Tensor:
     Inference mode is entered per forward pass, never across a `yield`: a
     suspended generator must not leave the caller's code in inference mode.
     """
-    logits, _ = model(idx, last_only=True, **kwargs)
+    with single_row_matmuls(*model_device_dtype(model), idx.numel()):  # one bf16 row on a CPU: gptlab.infer.gemv
+        logits, _ = model(idx, last_only=True, **kwargs)
     return logits[:, -1]
 
 
