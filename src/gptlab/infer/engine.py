@@ -1,7 +1,8 @@
 """Continuous batching: one thread owns the model and decodes every running request together, step by step.
 
     submit(prompt ids, SamplingConfig) -> Request      from any thread (or an asyncio loop)
-    engine thread:  admit waiting requests into free slots: prefill each alone, sample its first token
+    engine thread:  admit waiting requests into free slots: copy a cached prefix in (gptlab.infer.prefix_cache),
+                    prefill the rest of each alone, sample its first token
                     one decode step for all running rows at once (each at its own position)
                     sample each row with its own settings and torch.Generator; stream the tokens out
                     a row that stops, runs out or is cancelled frees its slot at once
@@ -11,12 +12,21 @@ own length, so a request can join the batch between any two decode steps. A
 decode step feeds each running row its last token at position `length[row]`,
 with a mask (B, 1, 1, S) that lets it see its own `length + 1` keys only.
 
+With `prefix_cache_mb` > 0 (the default) a prompt's leading 16-token blocks seen before (a shared system prompt,
+a chat's earlier turns) are copied into its slot rather than recomputed; each request's prompt and reply blocks
+are kept for later ones, under that budget.
+
 A request's events are token ids, then one `Finished(reason)`: "stop" (a stop
 token, not sent), "length" (max_new_tokens reached), "cancelled", or "error".
 Greedy rows give the tokens of `generate(model, [prompt], config)` alone, and a
 seeded request draws from its own generator exactly as `generate` does alone,
 so its tokens do not depend on what else is in the batch (up to float rounding
 of the batched matmuls, which can only matter at a near tie).
+
+With `draft=` (a small model sharing the tokenizer) each step is speculative instead: the draft guesses
+`draft_tokens` tokens per running row in its own SlotCache, the target checks every row's guesses in one forward
+(each row's K+1 tokens at its own positions), and each row keeps what passes (gptlab.infer.speculative): greedy rows
+still give `generate`'s tokens, sampled rows the target's distribution; `stats` counts proposed and accepted guesses.
 
 Not here: text (the engine sees only ids; gptlab.serve encodes and decodes),
 sampling itself (gptlab.infer.generate.sample_next), the model (gptlab.model).
@@ -34,20 +44,30 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gptlab.infer.gemv import single_row_matmuls
 from gptlab.infer.generate import SamplingConfig, check_prompts, make_generator, model_device_dtype, sample_next
+from gptlab.infer.prefix_cache import PrefixCache
+from gptlab.infer.speculative import check_draft, forward_slots, propose, verify
 from gptlab.model import GPT
 from gptlab.runtime import GptlabError
 
 log = logging.getLogger(__name__)
+# On by default, as in vLLM V1 and SGLang; 256 MB holds ~3,600 tokens of GPT-2 (124M) in float32, ~65,000 of gpt2-mini.
+DEFAULT_PREFIX_CACHE_MB = 256
 
 
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     slots: int = 8  # requests decoded together; more wait in a queue (first come, first served)
+    draft_tokens: int = 4  # with a draft model: tokens it guesses per step for the target to check (gptlab.infer.speculative)
+    prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB  # K/V of prompt prefixes kept for later requests (0: off; gptlab.infer.prefix_cache)
 
     def __post_init__(self) -> None:
         if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
             raise GptlabError(f"slots must be a whole number of at least 1, got {self.slots!r}")
+        budget = self.prefix_cache_mb
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 <= budget < float("inf"):
+            raise GptlabError(f"prefix_cache_mb (--prefix-cache-mb) must be 0 (off) or a positive number of MB, got {budget!r}")
 
 
 @dataclass(frozen=True)
@@ -66,6 +86,7 @@ class Request:
         self.tokens: list[int] = []  # generated so far (stop token excluded)
         self.finish_reason: str | None = None
         self.stop_token: int | None = None  # the stop token that ended it (reason "stop"), which is not in tokens
+        self.cached_tokens = 0  # prompt tokens whose keys/values came from the prefix cache (no prefill)
         self.cancel_requested = False
         self._loop = loop
         self._events: queue.Queue | asyncio.Queue = asyncio.Queue() if loop is not None else queue.Queue()
@@ -106,6 +127,8 @@ class EngineStats:
     finished: dict[str, int] = field(default_factory=dict)  # requests by finish reason
     peak_running: int = 0  # most requests decoded in one step
     steps: int = 0  # decode steps so far
+    proposed: int = 0  # with a draft: its guesses the target checked
+    accepted: int = 0  # ... and kept (acceptance rate = accepted / proposed)
 
 
 class SlotCache:
@@ -161,11 +184,17 @@ class Engine:
     submit requests at chosen steps).
     """
 
-    def __init__(self, model: GPT, config: EngineConfig = EngineConfig(), *, on_step: Callable[[Engine], None] | None = None) -> None:
+    def __init__(self, model: GPT, config: EngineConfig = EngineConfig(), *, on_step: Callable[[Engine], None] | None = None,
+                 draft: GPT | None = None) -> None:
+        if draft is not None:  # refused before the thread starts: one line, no compute
+            check_draft(model, draft, config.draft_tokens)
+        self.draft = draft.eval() if draft is not None else None
+        self.draft_cache = SlotCache(draft, config.slots) if draft is not None else None
         self.model = model.eval()
         self.config = config
         self.device, _ = model_device_dtype(model)
         self.cache = SlotCache(model, config.slots)
+        self.prefix_cache = PrefixCache(int(config.prefix_cache_mb * 2**20)) if config.prefix_cache_mb else None
         self.stats = EngineStats()
         self.on_step = on_step
         self._slots: list[_Slot | None] = [None] * config.slots
@@ -231,7 +260,10 @@ class Engine:
             while self._next_batch():
                 try:
                     self._admit()
-                    self._step()
+                    if self.draft is None:
+                        self._step()
+                    else:
+                        self._speculative_step()
                 except Exception:  # a bug: fail the requests in flight rather than leave clients hanging
                     log.exception("engine step failed")
                     with self._condition:
@@ -276,10 +308,13 @@ class Engine:
                 slot = _Slot(request, make_generator(request.config.seed, self.device), len(request.prompt), -1)
                 self._slots[index] = slot
             idx = torch.tensor([request.prompt], dtype=torch.long, device=self.device)
-            self.cache.select([index], [0], idx.shape[1])
-            self.cache.length = 0  # a causal prefill from position 0: the model's own mask and positions
+            cached = request.cached_tokens = self._restore_prefix(index, request.prompt)
+            self.cache.select([index], [cached], idx.shape[1] - cached)  # length = cached: the model's causal mask and positions
             with torch.inference_mode():
-                logits, _ = self.model(idx, cache=self.cache, last_only=True)
+                logits, _ = self.model(idx[:, cached:], cache=self.cache, last_only=True)
+            self._store_prefix(index, request.prompt)
+            if self.draft is not None:  # the draft reads the whole prompt too: its guesses start after it
+                forward_slots(self.draft, self.draft_cache, [index], [0], idx, last_only=True)
             self._accept(index, sample_next(logits[:, -1], request.config, slot.generator)[0].item())
 
     def _step(self) -> None:
@@ -293,7 +328,7 @@ class Engine:
         span = self.cache.span
         mask = (torch.arange(span, device=self.device)[None, :] <= lengths[:, None])[:, None, None]  # (B, 1, 1, S)
         idx = torch.tensor([[slot.last] for _, slot in running], dtype=torch.long, device=self.device)
-        with torch.inference_mode():
+        with torch.inference_mode(), single_row_matmuls(*model_device_dtype(self.model), len(rows)):  # gptlab.infer.gemv
             logits, _ = self.model(idx, cache=self.cache, positions=lengths[:, None], mask=mask, last_only=True)
         logits = logits[:, -1]  # (B, vocab_size)
         self.stats.steps += 1
@@ -313,6 +348,37 @@ class Engine:
         for i, (index, _) in enumerate(running):
             self._accept(index, tokens[i])
 
+    def _speculative_step(self) -> None:
+        """Up to K+1 tokens for every running row: the draft guesses K per row, the target checks all rows' guesses
+        in one forward (each row's K+1 tokens at its own positions), each row keeps what passes (gptlab.infer.speculative)."""
+        running = [(index, slot) for index, slot in enumerate(self._slots) if slot is not None]
+        if not running:
+            return
+        left = [slot.request.config.max_new_tokens - len(slot.request.tokens) for _, slot in running]
+        room = min(self.model.config.block_size - 1 - slot.length for _, slot in running)  # K+1 tokens must fit each row
+        k = min(self.config.draft_tokens, room, max(left) - 1)
+        if k < 1:  # every row is at its last token or its context end: a plain step
+            return self._step()
+        rows, lengths = [index for index, _ in running], [slot.length for _, slot in running]
+        configs = [slot.request.config for _, slot in running]
+        generators = [slot.generator for _, slot in running]
+        tails = [((slot.request.prompt + slot.request.tokens)[-2], slot.last) for _, slot in running]
+        drafts, probs = propose(self.draft, self.draft_cache, rows, lengths, tails, k, configs, generators)
+        idx = torch.tensor([[slot.last, *guesses] for (_, slot), guesses in zip(running, drafts)], dtype=torch.long, device=self.device)
+        logits = forward_slots(self.model, self.cache, rows, lengths, idx)  # (B, k+1, vocab_size)
+        self.stats.steps += 1
+        self.stats.peak_running = max(self.stats.peak_running, len(running))
+        for i, (index, slot) in enumerate(running):
+            mine = min(k, left[i] - 1)  # a row near max_new_tokens checks fewer guesses; its others are ignored
+            kept, following = verify(logits[i, : mine + 1], drafts[i][:mine], probs[i][:mine], configs[i], generators[i])
+            self.stats.proposed += mine
+            self.stats.accepted += kept
+            slot.length += kept + 1  # keys now cached: its last token and the kept guesses
+            for token in [*drafts[i][:kept], following]:
+                self._accept(index, token)
+                if self._slots[index] is not slot:  # it stopped or ran out: the rest is dropped
+                    break
+
     def _accept(self, index: int, token: int) -> None:
         """A sampled token for slot `index`: send it, or finish the request."""
         slot = self._slots[index]
@@ -327,8 +393,22 @@ class Engine:
         if len(request.tokens) >= request.config.max_new_tokens:
             self._finish(index, "length")
 
+    def _restore_prefix(self, index: int, prompt: list[int]) -> int:
+        """Copy the longest cached prefix of `prompt` into slot `index`: how many tokens need no prefill (gptlab.infer.prefix_cache)."""
+        if self.prefix_cache is None:
+            return 0
+        return self.prefix_cache.restore(self.cache.keys, self.cache.values, index, prompt)
+
+    def _store_prefix(self, index: int, tokens: list[int]) -> None:
+        """Keep the full blocks of `tokens`, whose keys/values slot `index` holds from position 0."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.store(self.cache.keys, self.cache.values, index, tokens)
+
     def _finish(self, index: int, reason: str) -> None:
-        request = self._slots[index].request
+        slot = self._slots[index]
+        request = slot.request
+        if reason != "error":  # after an error the slot's keys may be half written
+            self._store_prefix(index, (request.prompt + request.tokens)[: slot.length])  # keys cached: prompt and fed tokens
         with self._condition:
             self._slots[index] = None
             self._finish_waiting(request, reason)
