@@ -27,6 +27,22 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Under `--dist loadgroup`, give each test of an xdist_group the `@group` id suffix that sends the group to one
+    worker. pytest-xdist 3.8 writes it into `item._nodeid`, which pytest 9 no longer reads (the id is `item._id`), so
+    without this every group is split across the workers and each worker builds the group's shared fixture again."""
+    if not getattr(config.option, "loadgroup", False) or not items or not hasattr(items[0], "_id"):
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        names = {str(mark.args[0] if mark.args else mark.kwargs.get("name", "default")) for mark in item.iter_markers("xdist_group")}
+        suffix = "@" + "_".join(sorted(names))
+        if names and not item.nodeid.endswith(suffix):
+            item._id = NodeId.parse(item.nodeid + suffix)
+
+
 @pytest.fixture(scope="session")
 def prepared(tmp_path_factory):
     """A small prepared dataset: 6 Shakespeare works, a 512-token BPE (`tokenizer/`) and its shards (`data/`)."""

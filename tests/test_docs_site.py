@@ -16,6 +16,7 @@ import pytest
 import yaml
 from mkdocs.config import load_config
 
+pytestmark = pytest.mark.xdist_group("docs_site")  # one worker builds the module fixtures once, not each worker
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "mkdocs.yml"
 DOCS = ROOT / "docs"

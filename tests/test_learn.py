@@ -6,6 +6,9 @@ a bash block as one script under `set -e`, so a later block may use what an earl
 Every block must exit 0; the snippets assert the claims they print. A block that must not run here (a GPU-only
 command) is preceded by `<!-- not run: the reason -->`, and a marker without a reason fails.
 
+Commands that open the first bash block of several pages (SHARED_STARTS: the same tokenizer and shards) run once
+per session in an empty folder, and each of those pages starts from a copy of what they made.
+
 The pages themselves are checked too: the index links every page, and every topic page has its explanation's
 companions, the sections "In gptlab", "Run it" and "Try this", with at least one block that runs.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -35,6 +39,14 @@ SECTIONS = ("In gptlab", "Run it", "Try this")
 # glibc hands every allocation over 32 MB (a GPT-2-vocabulary logits tensor) back to the OS when freed, so each eval
 # batch pays ~100k page faults again (7 of 13 s of `gptlab eval` on the evaluation page); the snippets keep it instead
 KEEP_FREED_MEMORY = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 34)}
+# Lines that open the first bash block of more than one page, as written there (less a `> /dev/null`): each runs once
+# per session in an empty folder, as it would in a page's fresh workspace, and the pages start from a copy of its files
+SHARED_STARTS = (
+    ("gptlab tokenizer train --corpus shakespeare --vocab-size 2048 --out tok/",
+     "gptlab data prepare shakespeare -t tok/ --out data/ --quiet"),  # accumulation, gpt2
+    ("gptlab data prepare shakespeare -t gpt2 --out data --val 0.1",),  # alignment, parallelism, scaling
+)
+QUIET = " > /dev/null"
 
 
 @dataclass(frozen=True)
@@ -94,13 +106,53 @@ def run_block(block: Block, page: Path, workspace: Path, number: int) -> None:
         pytest.fail(f"{where} exited {result.returncode}:\n{output}")
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[page.stem for page in PAGES])
-def test_learn_page_snippets_run(page: Path, tmp_path: Path) -> None:
+def shared_start(blocks: list[Block]) -> tuple[str, ...]:
+    """The SHARED_STARTS entry that the page's first bash block that runs opens with, or () if none."""
+    first = next((block for block in blocks if block.language == "bash" and block.not_run is None), None)
+    lines = tuple(line.removesuffix(QUIET) for line in first.code.splitlines()) if first else ()
+    return next((start for start in SHARED_STARTS if lines[:len(start)] == start), ())
+
+
+def marks(page: Path) -> list[pytest.MarkDecorator]:
+    """Pages that open with the same shared start run on one xdist worker, which runs that start once for them all."""
+    start = shared_start(read_blocks(page))
+    return [pytest.mark.xdist_group(f"learn start {SHARED_STARTS.index(start)}")] if start else []
+
+
+@pytest.fixture(scope="session")
+def started() -> dict[tuple[str, ...], tuple[Path, int, str]]:
+    """Each shared start once run: the folder it made, its exit status and output (filled by the first page to need it)."""
+    return {}
+
+
+def run_shared_start(start: tuple[str, ...], started: dict, tmp_path_factory) -> tuple[Path, int, str]:
+    """Run the start's lines, as a bash block of their own, in an empty folder once per session."""
+    if start not in started:
+        folder = tmp_path_factory.mktemp("learn_start")
+        script = folder.parent / f"{folder.name}.sh"  # beside the folder: only the commands' files go into the copies
+        script.write_text("set -eo pipefail\n" + "\n".join(start) + "\n", encoding="utf-8")
+        try:
+            result = subprocess.run(["bash", str(script)], cwd=folder, env=learn_env(), capture_output=True, text=True, timeout=TIMEOUT)
+            started[start] = (folder, result.returncode, (result.stdout + result.stderr)[-4000:])
+        except subprocess.TimeoutExpired:
+            started[start] = (folder, -1, f"ran past {TIMEOUT} s; the learning path's snippets must take seconds")
+    return started[start]
+
+
+@pytest.mark.parametrize("page", [pytest.param(page, marks=marks(page)) for page in PAGES], ids=[page.stem for page in PAGES])
+def test_learn_page_snippets_run(page: Path, tmp_path: Path, started, tmp_path_factory) -> None:
     blocks = read_blocks(page)
+    start = shared_start(blocks)
     for number, block in enumerate(blocks, start=1):
         if block.not_run is not None:
             assert block.not_run, f"{page.name}:{block.line}: `<!-- not run -->` needs a reason: `<!-- not run: why -->`"
             continue
+        if start and block.language == "bash":  # the page's first bash block: its opening lines already ran
+            folder, code, output = run_shared_start(start, started, tmp_path_factory)
+            assert code == 0, f"{page.name}:{block.line}: its opening lines exited {code}:\n{output}"
+            shutil.copytree(folder, tmp_path, symlinks=True, dirs_exist_ok=True)
+            block = Block(block.language, "\n".join(block.code.splitlines()[len(start):]) + "\n", block.line, block.not_run)
+            start = ()
         run_block(block, page, tmp_path, number)
 
 

@@ -12,7 +12,8 @@ blocks: backslash continuations joined, comments stripped) and each must be in e
   flags are still parsed by gptlab's own parser, so they cannot drift either.
 
 A command in neither table fails the test, and so does a table entry no page has any more. A command that
-appears on two pages (the README's front door and a stage page) runs once. Python blocks are listed the same way,
+appears on two pages (the README's front door and a stage page) runs once, and so does a command that others need
+(SFT's run, which six commands start from): their tests start from a copy of the workspace it left. Python blocks are listed the same way,
 by their first line, and run with the workspace as the current folder.
 """
 
@@ -512,16 +513,72 @@ def test_the_workspace_copies_every_repository_file_a_command_names():
     assert not missing, f"add these to COPIED, so the commands find them in the workspace: {missing}"
 
 
-@pytest.mark.parametrize("command", RUNNABLE, ids=short)
-def test_readme_command_runs_as_written(command, demo, tmp_path, monkeypatch, capsys):
-    workspace = tmp_path / "workspace"
-    shutil.copytree(demo, workspace, symlinks=True)
+def chain(command: Command) -> tuple[Command, ...]:
+    """The commands that run, in order, on a copy of the demo: the ones it needs, then itself."""
     (key,) = entry(command, RUNS)
-    for need in RUNS[key].needs:
-        code, output = run_command(readme_command(need), workspace, monkeypatch, capsys)
-        assert code == 0, f"the command it needs failed (exit {code}): {need}\n{output}"
-    code, output = run_command(command, workspace, monkeypatch, capsys)
-    assert code == 0, f"{command.page}:{command.line}: exit {code}: {command.text}\n{output}"
+    return (*(readme_command(need) for need in RUNS[key].needs), command)
+
+
+def chains() -> list[tuple[Command, ...]]:
+    """Every runnable command's chain; one the tables cannot build (a need no page has) fails in its own test."""
+    built = []
+    for command in RUNNABLE:
+        try:
+            built.append(chain(command))
+        except (StopIteration, ValueError):
+            continue
+    return built
+
+
+# the chains another command starts from (SFT's run, which six commands fine-tune or serve, or the 4096-token BPE)
+CHAINS = chains()
+SHARED = {commands[:length] for commands in CHAINS for length in range(1, len(commands))}
+
+
+def group(command: Command) -> list[pytest.MarkDecorator]:
+    """Commands that share a first command run on one xdist worker, which runs that command once for all of them."""
+    first = next((commands[:1] for commands in CHAINS if commands[-1] == command), ())
+    return [pytest.mark.xdist_group("readme: " + first[0].text[:60])] if first in SHARED else []
+
+
+@dataclasses.dataclass(frozen=True)
+class Ran:
+    """A command run on a workspace: the workspace after it, and how it ended."""
+
+    workspace: Path
+    code: int
+    output: str
+
+
+@pytest.fixture(scope="session")
+def shared_runs(demo) -> dict[tuple[Command, ...], Ran]:
+    """The workspace after each chain in SHARED, run once per session (per worker): a later test copies it instead
+    of running the chain again. The empty chain is the demo itself."""
+    return {(): Ran(demo, 0, "")}
+
+
+def run_chain(commands: tuple[Command, ...], shared_runs, tmp_path_factory, tmp_path, monkeypatch, capsys) -> Ran:
+    """Run the chain's last command on a copy of the workspace its first ones left (run, or read from shared_runs);
+    a shared chain's result is kept for the next test that starts from it, a failure as well as a success."""
+    if commands in shared_runs:
+        return shared_runs[commands]
+    before = shared_runs[commands[:-1]]
+    workspace = (tmp_path_factory.mktemp("readme_shared") if commands in SHARED else tmp_path) / "workspace"
+    shutil.copytree(before.workspace, workspace, symlinks=True)
+    ran = Ran(workspace, *run_command(commands[-1], workspace, monkeypatch, capsys))
+    if commands in SHARED:
+        shared_runs[commands] = ran
+    return ran
+
+
+@pytest.mark.parametrize("command", [pytest.param(c, marks=group(c)) for c in RUNNABLE], ids=short)
+def test_readme_command_runs_as_written(command, shared_runs, tmp_path_factory, tmp_path, monkeypatch, capsys):
+    commands = chain(command)
+    for length in range(1, len(commands)):  # each command it needs, as a user would have run them, in one workspace
+        ran = run_chain(commands[:length], shared_runs, tmp_path_factory, tmp_path, monkeypatch, capsys)
+        assert ran.code == 0, f"the command it needs failed (exit {ran.code}): {commands[length - 1].text}\n{ran.output}"
+    ran = run_chain(commands, shared_runs, tmp_path_factory, tmp_path, monkeypatch, capsys)
+    assert ran.code == 0, f"{command.page}:{command.line}: exit {ran.code}: {command.text}\n{ran.output}"
 
 
 def gptlab_argv(text: str) -> list[str] | None:

@@ -27,6 +27,7 @@ from gptlab.model.io import load_model
 from gptlab.tokenizer.pretrained import load_any
 from gptlab.train.checkpoint import list_checkpoints
 
+pytestmark = pytest.mark.xdist_group("sentencepiece_stages")  # one worker builds the module fixtures once, not each worker
 SMALL = [
     "--tokenizer.style", "sentencepiece", "--tokenizer.vocab-size", "600",
     "--train.max-steps", "10", "--train.model.n-layer", "1", "--train.model.n-embd", "32", "--train.model.n-head", "2",

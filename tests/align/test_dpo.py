@@ -17,6 +17,8 @@ from gptlab.runtime import GptlabError
 from gptlab.train.optim import OptimizerConfig
 from gptlab.train.schedule import ScheduleConfig
 
+from .conftest import TWO_RANKS, ranks_stdout
+
 DATA = "task:arithmetic[n=64,digits=1], task:spelling[n=64]"
 
 
@@ -168,18 +170,17 @@ print(f"status {result.status} accuracy {result.after['preference_accuracy']:.6f
 """
 
 
-def test_dpo_runs_on_two_gloo_ranks_and_they_agree(chat_model, tmp_path):
+@TWO_RANKS
+def test_dpo_runs_on_two_gloo_ranks_and_they_agree(align_two_ranks):
     """Each rank takes its share of pairs; held-out figures are summed over ranks, so both report the same;
     rank 0 alone writes the reference file, and the checkpoint holds both ranks' loader states."""
-    from gptlab.train.checkpoint import list_checkpoints
-
-    from ..train.test_trainer import run_on_two_ranks
-
-    result = run_on_two_ranks(DPO_DDP_SCRIPT, chat_model, tmp_path)
     import re
 
-    reports = re.findall(r"status (\w+) accuracy ([0-9.]+)", result.stdout)  # the ranks' lines may run together
+    from gptlab.train.checkpoint import list_checkpoints
+
+    reports = re.findall(r"status (\w+) accuracy ([0-9.]+)", ranks_stdout(align_two_ranks, "dpo"))
     assert len(reports) == 2 and reports[0] == reports[1] and reports[0][0] == "finished"
-    assert (tmp_path / "ddp" / "reference_logprobs.pt").is_file()
-    state = json.loads((list_checkpoints(tmp_path / "ddp")[-1] / "trainer_state.json").read_text())
+    ddp = align_two_ranks / "dpo" / "ddp"
+    assert (ddp / "reference_logprobs.pt").is_file()
+    state = json.loads((list_checkpoints(ddp)[-1] / "trainer_state.json").read_text())
     assert len(state["loader"]) == 2

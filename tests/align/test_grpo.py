@@ -19,6 +19,8 @@ from gptlab.runtime import GptlabError
 from gptlab.train.optim import OptimizerConfig
 from gptlab.train.schedule import ScheduleConfig
 
+from .conftest import TWO_RANKS, ranks_stdout
+
 
 def grpo_config(model, out, **changes) -> GRPOConfig:
     config = GRPOConfig(
@@ -262,19 +264,18 @@ shutdown_runtime(runtime)
 """
 
 
-def test_two_gloo_ranks_train_as_one_process(chat_model, tmp_path):
+@TWO_RANKS
+def test_two_gloo_ranks_train_as_one_process(chat_model, tmp_path, align_two_ranks):
     """Each rank samples its half of the prompts alike (seeds are per prompt, not per rank), and the token-level
     loss is normalised by the whole step's tokens: 2 ranks end with the weights of 1 process."""
     from safetensors.torch import load_file
 
     from gptlab.train.checkpoint import list_checkpoints
 
-    from ..train.test_trainer import run_on_two_ranks
-
     fit(grpo_config(chat_model, tmp_path / "single", loss="dapo", micro_batch=4))
-    result = run_on_two_ranks(GRPO_DDP_SCRIPT, chat_model, tmp_path)
-    assert result.stdout.count("status finished") == 2
-    single, ddp = (load_file(list_checkpoints(tmp_path / name)[-1] / "model.safetensors") for name in ("single", "ddp"))
+    assert ranks_stdout(align_two_ranks, "grpo").count("status finished") == 2
+    single, ddp = (load_file(list_checkpoints(folder)[-1] / "model.safetensors")
+                   for folder in (tmp_path / "single", align_two_ranks / "grpo" / "ddp"))
     start = load_file(chat_model / "model.safetensors")
     assert any(not torch.equal(single[name], start[name]) for name in single)  # it trained
     for name in single:

@@ -19,6 +19,7 @@ from gptlab.cli.main import main
 from gptlab.model.io import load_model
 from gptlab.runtime import GptlabError
 
+from .conftest import TWO_RANKS, ranks_stdout
 from .test_grpo import grpo_config, parity_reward
 
 
@@ -159,13 +160,12 @@ shutdown_runtime(runtime)
 """
 
 
-def test_two_gloo_ranks_probe_their_shares_and_keep_the_pool_of_one_process(chat_model, tmp_path):
+@TWO_RANKS
+def test_two_gloo_ranks_probe_their_shares_and_keep_the_pool_of_one_process(chat_model, tmp_path, align_two_ranks):
     """Blocks of 5 prompts split 3 and 2 between the ranks; the gathered rewards choose one pool on both."""
-    from ..train.test_trainer import run_on_two_ranks
-
     single, _ = fit(learnable_config(chat_model, tmp_path / "single", probe_prompts=5))
-    result = run_on_two_ranks(LEARNABLE_DDP_SCRIPT, chat_model, tmp_path)
-    pools = [json.loads(line.split(" pool ", 1)[1]) for line in result.stdout.splitlines() if " pool " in line]
+    stdout = ranks_stdout(align_two_ranks, "learnable")
+    pools = [json.loads(line.split(" pool ", 1)[1]) for line in stdout.splitlines() if " pool " in line]
     assert len(pools) == 2 and pools[0] == pools[1] == single.kept and single.kept
 
 

@@ -14,6 +14,8 @@ from gptlab.model.io import load_model
 from gptlab.train.optim import OptimizerConfig
 from gptlab.train.schedule import ScheduleConfig
 
+from .conftest import TWO_RANKS, ranks_stdout
+
 
 def ppo_config(model, out, **changes) -> PPOConfig:
     config = PPOConfig(
@@ -144,19 +146,17 @@ shutdown_runtime(runtime)
 """
 
 
-def test_two_gloo_ranks_train_as_one_process(chat_model, tmp_path):
+@TWO_RANKS
+def test_two_gloo_ranks_train_as_one_process(chat_model, tmp_path, align_two_ranks):
     """Each rank samples its half of the prompts alike (seeds are per prompt), whitening and the minibatch mean are
     over both ranks' tokens: 2 ranks end with the policy and value weights of 1 process."""
     from safetensors.torch import load_file
 
     from gptlab.train.checkpoint import list_checkpoints
 
-    from ..train.test_trainer import run_on_two_ranks
-
     fit(ppo_config(chat_model, tmp_path / "single", minibatches=1, micro_batch=4))
-    result = run_on_two_ranks(PPO_DDP_SCRIPT, chat_model, tmp_path)
-    assert result.stdout.count("status finished") == 2
-    single, ddp = (list_checkpoints(tmp_path / name)[-1] for name in ("single", "ddp"))
+    assert ranks_stdout(align_two_ranks, "ppo").count("status finished") == 2
+    single, ddp = (list_checkpoints(folder)[-1] for folder in (tmp_path / "single", align_two_ranks / "ppo" / "ddp"))
     start = load_file(chat_model / "model.safetensors")
     for file in ("model.safetensors", "value/model.safetensors", "value/score_head.safetensors"):
         ours, theirs = load_file(ddp / file), load_file(single / file)

@@ -18,6 +18,8 @@ from gptlab.runtime import GptlabError
 from gptlab.train.optim import OptimizerConfig
 from gptlab.train.schedule import ScheduleConfig
 
+from .conftest import TWO_RANKS, ranks_stdout
+
 DATA = "task:spelling[n=64,counting=0]"
 
 
@@ -169,14 +171,13 @@ print("RESULT " + json.dumps({"losses": result.train.losses, "accuracy": result.
 """
 
 
-def test_rm_on_two_gloo_ranks_equals_one_process(chat_model, tmp_path):
+@TWO_RANKS
+def test_rm_on_two_gloo_ranks_equals_one_process(chat_model, tmp_path, align_two_ranks):
     """2 ranks x 4 pairs take the same pairs per step as 1 process x 8 (position i of the order is rank i mod 2):
     the same losses, and held-out accuracy summed over the ranks' shares of the pairs."""
-    from ..train.test_trainer import run_on_two_ranks
-
     single = quiet(rm_config(chat_model, tmp_path / "single", max_steps=3, eval_every=0))
-    result = run_on_two_ranks(RM_DDP_SCRIPT, chat_model, tmp_path)
-    reports = [json.loads(line.split("RESULT ", 1)[1]) for line in result.stdout.splitlines() if "RESULT " in line]
+    stdout = ranks_stdout(align_two_ranks, "rm")
+    reports = [json.loads(line.split("RESULT ", 1)[1]) for line in stdout.splitlines() if "RESULT " in line]
     assert len(reports) == 2 and reports[0] == reports[1]
     assert reports[0]["losses"] == pytest.approx(single.train.losses, rel=1e-5)
     assert reports[0]["accuracy"] == single.after["accuracy"]

@@ -14,7 +14,8 @@ from gptlab.model.io import load_model
 from gptlab.runtime import GptlabError
 from gptlab.tokenizer import Tokenizer
 
-from .two_ranks import run_on_two_ranks
+from .conftest import CHAT_TWO_RANKS
+from .two_ranks import ranks_stdout
 
 GENERATED = [name for name, task in TASKS.items() if task.generated]  # tasks that need no dataset
 
@@ -139,12 +140,12 @@ dist.destroy_process_group()
 """
 
 
-def test_evaluate_task_on_two_gloo_ranks_equals_one_process(model_and_chat, chat_model, tmp_path):
+@CHAT_TWO_RANKS
+def test_evaluate_task_on_two_gloo_ranks_equals_one_process(model_and_chat, chat_two_ranks):
     """Rank r answers examples r::2 of 7; the summed counts are the single-process counts, on both ranks."""
     model, chat = model_and_chat
     single = evaluate_task(model, chat, EvenLength(), n=7, batch_size=2, max_new_tokens=16)
-    stdout = run_on_two_ranks(TWO_RANKS, chat_model, tmp_path)
-    # the ranks share torchrun's stdout: find each result wherever the other rank's output fell
+    stdout = ranks_stdout(chat_two_ranks, "task")
     results = sorted(re.findall(r"RESULT (\d) (\{[^}]*\})", stdout))
     assert [rank for rank, _ in results] == ["0", "1"] and [json.loads(text) for _, text in results] == [single, single]
 

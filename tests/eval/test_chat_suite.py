@@ -21,6 +21,8 @@ from gptlab.model.io import load_model
 from gptlab.runtime import GptlabError
 from gptlab.tokenizer import Tokenizer
 
+from .conftest import CHAT_TWO_RANKS
+
 # ---------------------------------------------------------------- the letter parser
 
 READ = [
@@ -336,17 +338,18 @@ dist.destroy_process_group()
 """
 
 
-def test_chat_suite_on_two_gloo_ranks_equals_one_process(chat_model, tmp_path):
+@CHAT_TWO_RANKS
+def test_chat_suite_on_two_gloo_ranks_equals_one_process(chat_model, chat_two_ranks):
     """Rank r answers questions r::2; both ranks return the single process's rows and every response, in order."""
     from gptlab.model.io import load_model
     from gptlab.tokenizer import Tokenizer
 
-    from .two_ranks import run_on_two_ranks
+    from .two_ranks import ranks_stdout
 
     rows, examples, _ = evaluate_chat_suite(load_model(chat_model), ChatFormat(Tokenizer.load(chat_model / "tokenizer")),
                                             ["spelling"], limit=5, batch_size=2, max_new_tokens=8)
     single = {"rows": [row.to_dict() for row in rows], "responses": [e["response"] for e in examples]}
-    stdout = run_on_two_ranks(SUITE_ON_TWO_RANKS, chat_model, tmp_path)
+    stdout = ranks_stdout(chat_two_ranks, "suite")
     results = sorted(re.findall(r"^RESULT (\d) (.*)$", stdout, flags=re.MULTILINE))
     assert [rank for rank, _ in results] == ["0", "1"]
     assert [json.loads(text) for _, text in results] == [json.loads(json.dumps(single))] * 2

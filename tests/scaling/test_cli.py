@@ -9,6 +9,8 @@ from gptlab.cli.main import main
 from tests.scaling.test_fit import sweep_rows
 from tests.scaling.test_sweep import ONE_THREAD, _cli_sweep
 
+pytestmark = pytest.mark.xdist_group("scaling_cli")  # one worker builds the module fixtures once, not each worker
+
 
 @pytest.fixture(scope="module")
 def swept(prepared, tmp_path_factory):

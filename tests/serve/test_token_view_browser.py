@@ -15,6 +15,7 @@ from gptlab.tokenizer import Tokenizer
 from gptlab.tokenizer.pretrained import load_any
 from tests.serve.browser import headless_chromium
 
+pytestmark = pytest.mark.xdist_group("token_view_browser")  # one worker builds the module fixtures once, not each worker
 ROOT = Path(__file__).resolve().parents[2]
 TRAINING_TEXT = "The quick brown fox jumps over the lazy dog.\nNo, the dog was not lazy; it slept.\n" * 30
 PARAGRAPH = "First Citizen:\nBefore we proceed any further, hear me speak. ünïcödé 世界 😀\tend\n\n"

@@ -14,6 +14,7 @@ import pytest
 from tests.chat import reference as chat_reference
 from tests.serve.browser import headless_chromium
 
+pytestmark = pytest.mark.xdist_group("web_chat")  # one worker builds the module fixtures once, not each worker
 MAX_TOKENS = 16
 ROOT = Path(__file__).resolve().parents[2]
 
