@@ -27,7 +27,16 @@ import sys
 from dataclasses import dataclass, field
 
 from gptlab.align.model_folders import load_model, load_model_tokenizer
-from gptlab.cli.common import DEVICE_HELP, add_model_argument, pick_device, positive
+from gptlab.cli.common import (
+    DEVICE_HELP,
+    add_draft_arguments,
+    add_model_argument,
+    add_quantize_argument,
+    load_draft,
+    pick_device,
+    positive,
+    quantize_loaded,
+)
 from gptlab.runtime import GptlabError
 
 PROMPT = ">>> "
@@ -54,6 +63,8 @@ def register(stages) -> None:
                         help="longest reply in tokens (default: 512, or half the model's context if smaller)")
     parser.add_argument("--seed", type=int, help="seed for reproducible replies: reply k uses seed + k (default: random)")
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
+    add_quantize_argument(parser)
+    add_draft_arguments(parser)
     parser.add_argument("--best-of", type=int, default=1, metavar="N",
                         help="sample N replies per turn and show the one --reward scores highest (default 1)")
     parser.add_argument("--reward", metavar="SPEC", help="what --best-of picks by: rm:DIR (a reward model), judge:URL, "
@@ -73,6 +84,8 @@ class Session:
     replies: int = 0  # replies generated so far: reply k is seeded with seed + k (× best_of)
     best_of: int = 1  # candidates per reply
     reward: object = None  # a gptlab.align.best_of.BestOfReward: replies are chosen by it (None: plain sampling)
+    draft: object = None  # a draft GPT for speculative decoding (--draft; None: the model alone)
+    draft_tokens: int = 4  # tokens the draft guesses per step (--draft-tokens)
 
     def sampling(self, **changes):
         """The SamplingConfig for the next reply (checked: a bad setting raises GptlabError)."""
@@ -109,7 +122,13 @@ class Session:
         if self.reward is not None:
             content = self.best_reply(messages, config, write)
         else:
-            tokens = stream(self.model, [self.chat_format.prompt(messages)], config)
+            prompt = self.chat_format.prompt(messages)
+            if self.draft is not None:  # same reply when greedy, same distribution when sampled (gptlab.infer.speculative)
+                from gptlab.infer.speculative import SpeculativeDecoder
+
+                tokens = ((0, token) for token in SpeculativeDecoder(self.model, self.draft, self.draft_tokens).stream(prompt, config))
+            else:
+                tokens = stream(self.model, [prompt], config)
             self.replies += 1
             text_stream, reply = TextStream(tokenizer), []
             try:
@@ -138,7 +157,7 @@ class Session:
 
         self.replies += 1
         try:
-            with Engine(self.model, EngineConfig(slots=self.best_of)) as engine:
+            with Engine(self.model, EngineConfig(slots=self.best_of, draft_tokens=self.draft_tokens), draft=self.draft) as engine:
                 result, content = best_of_reply(engine, self.chat_format.tokenizer, self.chat_format.prompt(messages), config,
                                                 self.best_of, self.reward, messages)
         except KeyboardInterrupt:  # nothing was shown yet: the turn is dropped
@@ -194,8 +213,11 @@ def run_chat(args: argparse.Namespace) -> int:
     from gptlab.chat import ChatFormat
 
     reward = best_of_reward(args.best_of, args.reward, where="`gptlab chat` (a conversation, no known answer)")  # before the model: a bad spec costs no compute
-    model, path = load_model(args.checkpoint, device=pick_device(args.device))
+    device = pick_device(args.device)
+    model, path = load_model(args.checkpoint, device=device)
+    model = quantize_loaded(model, args)
     tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
+    draft = load_draft(args, model, tokenizer, device)
     try:
         chat_format = ChatFormat(tokenizer)
     except GptlabError:
@@ -205,7 +227,8 @@ def run_chat(args: argparse.Namespace) -> int:
     max_tokens = args.max_tokens if args.max_tokens is not None else min(512, block // 2)
     settings = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                 "max_tokens": max_tokens, "seed": args.seed}
-    session = Session(model, chat_format, settings, system=args.system or None, best_of=args.best_of, reward=reward)
+    session = Session(model, chat_format, settings, system=args.system or None, best_of=args.best_of, reward=reward,
+                      draft=draft, draft_tokens=args.draft_tokens)
     session.sampling()  # a bad flag is one error line before the session starts
     interactive = sys.stdin.isatty()
     if interactive:

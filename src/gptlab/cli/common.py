@@ -11,6 +11,7 @@ import argparse
 from gptlab.align.model_folders import find_model as model_path  # noqa: F401
 from gptlab.align.model_folders import load_model as load_model_from  # noqa: F401
 from gptlab.align.model_folders import load_model_tokenizer  # noqa: F401
+from gptlab.runtime import GptlabError
 
 DEVICE_HELP = "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps (default auto)"
 MODEL_HELP = ("a run folder (its newest checkpoint; RUN/best for the best), a checkpoint, "
@@ -23,6 +24,46 @@ def add_model_argument(parser: argparse.ArgumentParser, *, positional: bool = Fa
         parser.add_argument("checkpoint", metavar="MODEL", help=MODEL_HELP)
     else:
         parser.add_argument("--checkpoint", required=required, metavar="MODEL", help=MODEL_HELP)
+
+
+def add_quantize_argument(parser: argparse.ArgumentParser) -> None:
+    """--quantize none|int8|int4: weight-only quantisation right after the model loads (gptlab.infer.quantize)."""
+    parser.add_argument("--quantize", choices=("none", "int8", "int4"), default="none",
+                        help="weights in int8 (per output channel) or int4 (groups of 32), on cpu or cuda (default none)")
+
+
+def quantize_loaded(model, args: argparse.Namespace):
+    """The loaded model, quantised in place as --quantize asks (none: unchanged)."""
+    if getattr(args, "quantize", "none") == "none":
+        return model
+    from gptlab.infer.quantize import quantize_model
+
+    return quantize_model(model, args.quantize)
+
+
+def add_draft_arguments(parser: argparse.ArgumentParser) -> None:
+    """--draft MODEL --draft-tokens K: speculative decoding with a small model sharing the tokenizer (gptlab.infer.speculative)."""
+    parser.add_argument("--draft", metavar="MODEL", help="a small draft model with the same tokenizer that guesses tokens for "
+                        "the model to check: same output when greedy, same distribution when sampled, faster when it guesses well")
+    parser.add_argument("--draft-tokens", type=int, default=4, metavar="K", help="tokens the draft guesses per step (default 4)")
+
+
+def load_draft(args: argparse.Namespace, model, tokenizer, device):
+    """The --draft model on `device`, or None; one clear error for K < 1, a missing folder or another tokenizer."""
+    if getattr(args, "draft", None) is None:
+        return None
+    from gptlab.infer.speculative import check_draft
+
+    if args.draft_tokens < 1:
+        raise GptlabError(f"--draft-tokens must be at least 1, got {args.draft_tokens}")
+    draft, path = load_model_from(args.draft, device=device)
+    own, _ = load_model_tokenizer(args.draft, path, draft, None, required=False)
+    if own is not None and own.fingerprint() != tokenizer.fingerprint():
+        raise GptlabError(f"the draft {args.draft} was trained with another tokenizer (fingerprint {own.fingerprint()}, "
+                          f"{own.vocab_size:,} ids) than the model's ({tokenizer.fingerprint()}, {tokenizer.vocab_size:,} ids): "
+                          "train the draft on the same prepared data")
+    check_draft(model, draft, args.draft_tokens)
+    return draft
 
 
 def pick_device(name: str):

@@ -26,7 +26,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gptlab.cli.common import DEVICE_HELP, load_model_from, load_model_tokenizer, model_path, positive
+from gptlab.cli.common import (
+    DEVICE_HELP,
+    add_quantize_argument,
+    load_model_from,
+    load_model_tokenizer,
+    model_path,
+    positive,
+    quantize_loaded,
+)
 from gptlab.runtime import GptlabError
 
 TASK_NAMES = ("hellaswag",)
@@ -67,6 +75,7 @@ def register(stages) -> None:
     parser.add_argument("--tokenizer", "-t", metavar="DIR|NAME", help="tokenizer folder or gpt2 (default: the model's own)")
     parser.add_argument("--batch-size", type=positive, default=16, metavar="B", help="rows per forward pass (default 16)")
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
+    add_quantize_argument(parser)
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="fp32",
                         help="autocast precision (default fp32: exact scores; auto as in training)")
     parser.add_argument("--harness", metavar="TASKS", help="lm-evaluation-harness tasks, comma-separated (e.g. lambada_openai,arc_easy)")
@@ -112,7 +121,7 @@ def run_eval(args: argparse.Namespace) -> int:
         out = claim_card_folder(path, config, out=args.out, force=args.force) if config and runtime.is_main else None
         try:
             model, _ = load_model_from(str(path), device=runtime.device)
-            model.eval()
+            model = quantize_loaded(model, args).eval()
             context = autocast(runtime.device, resolve_precision(args.precision, runtime.device))
             say = print if runtime.is_main else (lambda line: None)
             if args.data:

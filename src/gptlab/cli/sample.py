@@ -20,7 +20,15 @@ import argparse
 import sys
 
 from gptlab.align.model_folders import load_model, load_model_tokenizer
-from gptlab.cli.common import DEVICE_HELP, add_model_argument, pick_device
+from gptlab.cli.common import (
+    DEVICE_HELP,
+    add_draft_arguments,
+    add_model_argument,
+    add_quantize_argument,
+    load_draft,
+    pick_device,
+    quantize_loaded,
+)
 from gptlab.runtime import GptlabError
 
 DEFAULT_NEW_TOKENS = 256
@@ -44,6 +52,8 @@ def register(stages) -> None:
     parser.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling: the most likely tokens holding probability P")
     parser.add_argument("--seed", type=int, help="seed for reproducible samples (default: random)")
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
+    add_quantize_argument(parser)
+    add_draft_arguments(parser)
     parser.add_argument("--num-samples", type=int, default=1, metavar="N", help="samples to draw (default 1)")
     parser.add_argument("--best-of", type=int, default=1, metavar="N",
                         help="draw N candidates per sample and print the one --reward scores highest (default 1)")
@@ -58,8 +68,16 @@ def run_sample(args: argparse.Namespace) -> int:
     if args.num_samples < 1:
         raise GptlabError(f"--num-samples must be at least 1, got {args.num_samples}")
     reward = load_reward(args)  # before the model: a bad spec costs no compute
-    model, path = load_model(args.checkpoint, device=pick_device(args.device))
+    device = pick_device(args.device)
+    model, path = load_model(args.checkpoint, device=device)
+    model = quantize_loaded(model, args)
     tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
+    draft = load_draft(args, model, tokenizer, device)
+    decoder = None
+    if draft is not None and reward is None:
+        from gptlab.infer.speculative import SpeculativeDecoder
+
+        decoder = SpeculativeDecoder(model, draft, args.draft_tokens)
     prompts, stop_tokens = task_prompts(args, tokenizer) if args.task else text_prompts(args, tokenizer)
     engine = None
     try:
@@ -72,13 +90,13 @@ def run_sample(args: argparse.Namespace) -> int:
                 print(SEPARATOR)
             write(shown)
             if reward is None:
-                stream_sample(model, tokenizer, ids, config)
+                stream_sample(model, tokenizer, ids, config, decoder)
                 continue
             from gptlab.align.best_of import best_of_reply
             from gptlab.infer import Engine, EngineConfig
             from gptlab.infer.best_of import describe
 
-            engine = engine or Engine(model, EngineConfig(slots=args.best_of))
+            engine = engine or Engine(model, EngineConfig(slots=args.best_of, draft_tokens=args.draft_tokens), draft=draft)
             prompt = example.question if example is not None else args.prompt
             result, text = best_of_reply(engine, tokenizer, ids, config, args.best_of, reward, prompt, example)
             write(text + "\n")
@@ -86,6 +104,11 @@ def run_sample(args: argparse.Namespace) -> int:
     finally:
         if engine is not None:
             engine.close()
+    if draft is not None:
+        from gptlab.infer.speculative import SpeculativeStats
+
+        stats = decoder.stats if decoder is not None else SpeculativeStats(engine.stats.proposed, engine.stats.accepted, engine.stats.steps)
+        print(stats.describe(args.draft_tokens), file=sys.stderr, flush=True)
     return 0
 
 
@@ -135,8 +158,8 @@ def new_tokens(args: argparse.Namespace, ids: list[int], block: int) -> int:
     return new
 
 
-def stream_sample(model, tokenizer, ids: list[int], config) -> None:
-    """One sample written as its tokens arrive."""
+def stream_sample(model, tokenizer, ids: list[int], config, decoder=None) -> None:
+    """One sample written as its tokens arrive (through the speculative `decoder` when --draft is given)."""
     from gptlab.chat.text import TextStream
     from gptlab.infer import stream
 
@@ -145,7 +168,8 @@ def stream_sample(model, tokenizer, ids: list[int], config) -> None:
     text = TextStream(tokenizer)
     for token in ids:
         text.add(token)
-    for _, token in stream(model, [ids], config):
+    tokens = decoder.stream(ids, config) if decoder is not None else (token for _, token in stream(model, [ids], config))
+    for token in tokens:
         write(text.add(token))
     write(text.flush() + "\n")
 

@@ -16,7 +16,16 @@ import socket
 import sys
 
 from gptlab.align.model_folders import load_model, load_model_tokenizer
-from gptlab.cli.common import DEVICE_HELP, add_model_argument, pick_device, positive
+from gptlab.cli.common import (
+    DEVICE_HELP,
+    add_draft_arguments,
+    add_model_argument,
+    add_quantize_argument,
+    load_draft,
+    pick_device,
+    positive,
+    quantize_loaded,
+)
 from gptlab.runtime import GptlabError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -30,7 +39,12 @@ def register(stages) -> None:
     parser.add_argument("--api-key", metavar="KEY", help="require `Authorization: Bearer KEY` on /v1 (default: no key; "
                         "an empty KEY is refused)")
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
+    add_quantize_argument(parser)
+    add_draft_arguments(parser)
     parser.add_argument("--slots", type=positive, default=8, metavar="N", help="requests decoded together (default 8)")
+    parser.add_argument("--prefix-cache-mb", type=float, metavar="N",  # None: the engine's default (torch is not imported here)
+                        help="MB of prompt-prefix keys/values kept for later requests that start the same way (a shared "
+                        "system prompt, a chat's earlier turns); 0 turns it off (default 256)")
     parser.add_argument("--max-tokens-limit", type=positive, default=4096, metavar="N", help="largest max_tokens a request may ask")
     parser.add_argument("--max-request-bytes", type=positive, default=1_000_000, metavar="N", help="largest request body")
     parser.add_argument("--name", help="model name the API reports, and the only `model` requests may name (default: "
@@ -75,15 +89,20 @@ def run_serve(args: argparse.Namespace) -> int:
     from gptlab.align.best_of import best_of_reward
 
     reward = best_of_reward(args.best_of, args.reward, where="`gptlab serve` (requests carry no known answer)")
+    chosen = {} if args.prefix_cache_mb is None else {"prefix_cache_mb": args.prefix_cache_mb}
+    engine_config = EngineConfig(slots=args.slots, draft_tokens=args.draft_tokens, **chosen)  # a bad value: one line, before loading
     sock = bind(args.host, args.port)
     try:
-        model, path = load_model(args.checkpoint, device=pick_device(args.device))
+        device = pick_device(args.device)
+        model, path = load_model(args.checkpoint, device=device)
+        model = quantize_loaded(model, args)
         tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
+        draft = load_draft(args, model, tokenizer, device)
         try:
             chat_format = ChatFormat(tokenizer)
         except GptlabError:
             chat_format = None  # /v1/chat/completions explains; /v1/completions works
-        engine = Engine(model, EngineConfig(slots=args.slots))
+        engine = Engine(model, engine_config, draft=draft)
     except BaseException:
         sock.close()
         raise
@@ -97,6 +116,10 @@ def run_serve(args: argparse.Namespace) -> int:
         port = sock.getsockname()[1]
         shown = f"[{args.host}]" if ":" in args.host else args.host
         say(f"gptlab serve: {args.checkpoint} ({'chat' if chat_format else 'completions only'}, {args.slots} slots)")
+        if draft is not None:
+            say(f"  speculative decoding: draft {args.draft} guesses {args.draft_tokens} tokens per step")
+        if engine_config.prefix_cache_mb:
+            say(f"  prefix cache: {engine_config.prefix_cache_mb:g} MB (hits on /health; --prefix-cache-mb 0 turns it off)")
         if reward is not None:
             say(f"  best of {args.best_of} by --reward {args.reward} (a request's best_of overrides it)")
         say(f"  web chat  http://{shown}:{port}/")
