@@ -100,6 +100,9 @@ RM = "gptlab rm   --init runs/shakespeare/sft --out runs/rm"
 MOE_TRAIN = "gptlab train --data runs/shakespeare/data --out runs/moe"
 FIT = "gptlab fit sweeps/mini --target 1e14 1e16"
 SP_TRAIN = "gptlab tokenizer train --style sentencepiece --corpus shakespeare --vocab-size 8000 --out sp8k/"
+DRAFT = "gptlab train --data runs/shakespeare/data --tokenizer runs/shakespeare/tokenizer --model.n-layer 1 --out runs/draft"
+LLAMA_RUN = "gptlab run --train.model.arch llama --train.model.activation swiglu --train.model.bias false --out runs/llama"
+GGUF = "gptlab export gguf runs/llama/sft runs/llama-chat.gguf --type q8_0 --modelfile"
 VIEWER = Scale(serve=True, probe="/tokenizer/api/tokenizers")
 
 RUNS: dict[str, Scale] = {
@@ -141,6 +144,15 @@ RUNS: dict[str, Scale] = {
     "import torch\nfrom transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM": Scale(),
     "gptlab sample --checkpoint runs/shakespeare --prompt \"ROMEO:\"": Scale(extra=("--max-new-tokens", "8")),
     EXPORT: Scale(),
+    # inference
+    "gptlab serve runs/shakespeare/sft --quantize int8 --prefix-cache-mb 64": Scale(serve=True),
+    DRAFT: Scale(extra=TRAIN_SMALL),
+    "gptlab sample --checkpoint runs/shakespeare --prompt \"ROMEO:\" --temperature 0 --draft runs/draft --draft-tokens 4": Scale(
+        extra=("--max-new-tokens", "8"), needs=(DRAFT,)),
+    "import torch\nfrom gptlab.infer import Engine": Scale(),
+    LLAMA_RUN: Scale(extra=RUN_SMALL),
+    GGUF: Scale(needs=(LLAMA_RUN,)),
+    "from llama_cpp import Llama": Scale(needs=(LLAMA_RUN, GGUF)),
     # stage 4
     "gptlab train --data runs/shakespeare/data --tokenizer runs/shakespeare/tokenizer --out runs/mine": Scale(extra=TRAIN_SMALL),
     "gptlab train --data runs/shakespeare/data --model.n-layer 6": Scale(extra=TRAIN_SMALL),
@@ -203,7 +215,12 @@ RUNS: dict[str, Scale] = {
 
 NETWORK = "needs the network (a Hugging Face hub dataset or model, never in this test's cache)"
 GPU = "needs 8 GPUs (torchrun, --device cuda)"
+NO_RUNTIME = "llama.cpp's own programs and Ollama are not installed here; the file runs in llama.cpp through llama-cpp-python (the page's Python block) and in tests/export/test_gguf_llamacpp.py"
 ELSEWHERE: dict[str, str] = {
+    "llama-cli -m": NO_RUNTIME,
+    "llama-server -m": NO_RUNTIME,
+    "ollama create": NO_RUNTIME,
+    "ollama run": NO_RUNTIME,
     "make demo": "the install and the whole demo, minutes; what it runs is `gptlab run`, run here at a small size",
     "make test": "the whole test suite, this test included",
     "make curate": "works in the repository's runs/, not a scratch folder; its steps are the pages' crawl and curate commands, run here",
@@ -592,10 +609,18 @@ def gptlab_argv(text: str) -> list[str] | None:
     return None
 
 
+EXTERNAL_RUNTIMES = ("llama-cli", "llama-server", "ollama")
+
+
 def check_other_tool(text: str) -> None:
     """`make TARGET`: the Makefile has the target. `python SCRIPT` or `python -m pytest PATH`: the repository's
     files it names exist, and a script's source names each --flag given (argparse's add_argument("--flag"))."""
     argv = shlex.split(text)
+    if argv[0] in EXTERNAL_RUNTIMES:  # llama.cpp and Ollama read what the page's export wrote, or the model it made
+        written = [word for word in argv[1:] if word.startswith("runs/")]
+        assert all(Path(word).with_suffix(".gguf").as_posix() in GGUF for word in written), f"{text} reads no file {GGUF!r} writes"
+        assert written or argv[1:3] == ["run", "shakespeare"], f"{text} names neither the exported file nor the model made from it"
+        return
     if argv[0] == "make":
         assert re.search(rf"^{re.escape(argv[1])}:", (ROOT / "Makefile").read_text(), re.M), f"no make target {argv[1]}"
         return

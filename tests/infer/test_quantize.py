@@ -222,7 +222,8 @@ def test_cli_chat_serve_eval_quantize_the_model_right_after_loading_it(argv, cha
         seen.append(quantize_model(model, args.quantize))
         raise GptlabError("stopped after quantising")
 
-    monkeypatch.setattr(f"gptlab.cli.{argv[0]}.quantize_loaded", quantize_then_stop)
+    where = "eval" if argv[0] == "eval" else "common"  # chat and serve load through gptlab.cli.common.load_for_decoding
+    monkeypatch.setattr(f"gptlab.cli.{where}.quantize_loaded", quantize_then_stop)
     argv = [part.format(model=chat_model, out=tmp_path / "card") for part in argv]
     assert main([*argv, "--quantize", "int4"]) == 1
     assert "stopped after quantising" in capsys.readouterr().err

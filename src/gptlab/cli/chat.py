@@ -26,17 +26,7 @@ import argparse
 import sys
 from dataclasses import dataclass, field
 
-from gptlab.align.model_folders import load_model, load_model_tokenizer
-from gptlab.cli.common import (
-    DEVICE_HELP,
-    add_draft_arguments,
-    add_model_argument,
-    add_quantize_argument,
-    load_draft,
-    pick_device,
-    positive,
-    quantize_loaded,
-)
+from gptlab.cli.common import DEVICE_HELP, add_decoding_arguments, add_model_argument, load_for_decoding, positive
 from gptlab.runtime import GptlabError
 
 PROMPT = ">>> "
@@ -63,8 +53,7 @@ def register(stages) -> None:
                         help="longest reply in tokens (default: 512, or half the model's context if smaller)")
     parser.add_argument("--seed", type=int, help="seed for reproducible replies: reply k uses seed + k (default: random)")
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
-    add_quantize_argument(parser)
-    add_draft_arguments(parser)
+    add_decoding_arguments(parser)
     parser.add_argument("--best-of", type=int, default=1, metavar="N",
                         help="sample N replies per turn and show the one --reward scores highest (default 1)")
     parser.add_argument("--reward", metavar="SPEC", help="what --best-of picks by: rm:DIR (a reward model), judge:URL, "
@@ -213,11 +202,7 @@ def run_chat(args: argparse.Namespace) -> int:
     from gptlab.chat import ChatFormat
 
     reward = best_of_reward(args.best_of, args.reward, where="`gptlab chat` (a conversation, no known answer)")  # before the model: a bad spec costs no compute
-    device = pick_device(args.device)
-    model, path = load_model(args.checkpoint, device=device)
-    model = quantize_loaded(model, args)
-    tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
-    draft = load_draft(args, model, tokenizer, device)
+    model, tokenizer, draft = load_for_decoding(args)
     try:
         chat_format = ChatFormat(tokenizer)
     except GptlabError:

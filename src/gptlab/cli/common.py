@@ -66,6 +66,21 @@ def load_draft(args: argparse.Namespace, model, tokenizer, device):
     return draft
 
 
+def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
+    """--quantize and --draft/--draft-tokens: what `sample`, `chat` and `serve` decode with."""
+    add_quantize_argument(parser)
+    add_draft_arguments(parser)
+
+
+def load_for_decoding(args: argparse.Namespace):
+    """(model, tokenizer, draft or None) as --checkpoint, --device, --quantize, --tokenizer and --draft ask."""
+    device = pick_device(args.device)
+    model, path = load_model_from(args.checkpoint, device=device)
+    model = quantize_loaded(model, args)
+    tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
+    return model, tokenizer, load_draft(args, model, tokenizer, device)
+
+
 def pick_device(name: str):
     """--device: auto or an available device, else one clear error (gptlab.runtime.device.detect_device)."""
     from gptlab.runtime.device import detect_device

@@ -19,16 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gptlab.align.model_folders import load_model, load_model_tokenizer
-from gptlab.cli.common import (
-    DEVICE_HELP,
-    add_draft_arguments,
-    add_model_argument,
-    add_quantize_argument,
-    load_draft,
-    pick_device,
-    quantize_loaded,
-)
+from gptlab.cli.common import DEVICE_HELP, add_decoding_arguments, add_model_argument, load_for_decoding
 from gptlab.runtime import GptlabError
 
 DEFAULT_NEW_TOKENS = 256
@@ -52,8 +43,7 @@ def register(stages) -> None:
     parser.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling: the most likely tokens holding probability P")
     parser.add_argument("--seed", type=int, help="seed for reproducible samples (default: random)")
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
-    add_quantize_argument(parser)
-    add_draft_arguments(parser)
+    add_decoding_arguments(parser)
     parser.add_argument("--num-samples", type=int, default=1, metavar="N", help="samples to draw (default 1)")
     parser.add_argument("--best-of", type=int, default=1, metavar="N",
                         help="draw N candidates per sample and print the one --reward scores highest (default 1)")
@@ -68,11 +58,7 @@ def run_sample(args: argparse.Namespace) -> int:
     if args.num_samples < 1:
         raise GptlabError(f"--num-samples must be at least 1, got {args.num_samples}")
     reward = load_reward(args)  # before the model: a bad spec costs no compute
-    device = pick_device(args.device)
-    model, path = load_model(args.checkpoint, device=device)
-    model = quantize_loaded(model, args)
-    tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
-    draft = load_draft(args, model, tokenizer, device)
+    model, tokenizer, draft = load_for_decoding(args)
     decoder = None
     if draft is not None and reward is None:
         from gptlab.infer.speculative import SpeculativeDecoder

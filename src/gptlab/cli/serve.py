@@ -15,17 +15,7 @@ import errno
 import socket
 import sys
 
-from gptlab.align.model_folders import load_model, load_model_tokenizer
-from gptlab.cli.common import (
-    DEVICE_HELP,
-    add_draft_arguments,
-    add_model_argument,
-    add_quantize_argument,
-    load_draft,
-    pick_device,
-    positive,
-    quantize_loaded,
-)
+from gptlab.cli.common import DEVICE_HELP, add_decoding_arguments, add_model_argument, load_for_decoding, positive
 from gptlab.runtime import GptlabError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -39,8 +29,7 @@ def register(stages) -> None:
     parser.add_argument("--api-key", metavar="KEY", help="require `Authorization: Bearer KEY` on /v1 (default: no key; "
                         "an empty KEY is refused)")
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
-    add_quantize_argument(parser)
-    add_draft_arguments(parser)
+    add_decoding_arguments(parser)
     parser.add_argument("--slots", type=positive, default=8, metavar="N", help="requests decoded together (default 8)")
     parser.add_argument("--prefix-cache-mb", type=float, metavar="N",  # None: the engine's default (torch is not imported here)
                         help="MB of prompt-prefix keys/values kept for later requests that start the same way (a shared "
@@ -93,11 +82,7 @@ def run_serve(args: argparse.Namespace) -> int:
     engine_config = EngineConfig(slots=args.slots, draft_tokens=args.draft_tokens, **chosen)  # a bad value: one line, before loading
     sock = bind(args.host, args.port)
     try:
-        device = pick_device(args.device)
-        model, path = load_model(args.checkpoint, device=device)
-        model = quantize_loaded(model, args)
-        tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
-        draft = load_draft(args, model, tokenizer, device)
+        model, tokenizer, draft = load_for_decoding(args)
         try:
             chat_format = ChatFormat(tokenizer)
         except GptlabError:
