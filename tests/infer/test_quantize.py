@@ -1,6 +1,8 @@
 """Weight-only int8/int4: the codes stand for their weights within half a step, the kernels equal the readable
 dequantise-then-matmul, and a quantised model decodes (cache, engine, CLI) like itself without a cache."""
 
+import json
+
 import pytest
 import torch
 import torch.nn as nn
@@ -247,3 +249,10 @@ def test_quantized_linear_cuda_kernels_equal_the_readable_reference(scheme):
     reference = F.linear(x, weight, linear.bias.detach())
     torch.testing.assert_close(layer(x), reference, rtol=2e-2, atol=1e-2 * reference.abs().max().item())
     torch.testing.assert_close(layer.reference(x), reference, rtol=2e-2, atol=1e-2 * reference.abs().max().item())
+
+
+def test_cli_eval_card_of_a_quantized_model_records_the_scheme(chat_model, tmp_path):
+    assert main(["eval", str(chat_model), "--suite", "chat", "--tasks", "spelling", "--limit", "2", "--out", str(tmp_path / "card"),
+                 "--quantize", "int8", "--device", "cpu", "--precision", "fp32"]) == 0
+    saved = json.loads((tmp_path / "card" / "eval.json").read_text())
+    assert saved["settings"]["quantize"] == "int8"

@@ -201,6 +201,8 @@ def evaluate_card_to(folder, model, tokenizer, chat, config, context, runtime, a
 
     card, examples = evaluate_card(model, config, encode=tokenizer.encode_ordinary, chat=chat, autocast=context,
                                    progress=True, name=str(args.checkpoint))
+    if args.quantize != "none":  # a quantised model's card must not pass for the model's own
+        card.settings["quantize"] = args.quantize
     say(card.text())
     if folder is None:
         say("(not saved: pass --out DIR to keep eval.json and every question in examples.jsonl)")
