@@ -311,19 +311,23 @@ def test_sweep_ctrl_c_at_any_moment_exits_130_in_one_line_and_the_same_command_r
 
 
 @pytest.mark.xdist_group("sweep_straight_rows")  # one worker builds the module fixture once
-def test_sweep_ctrl_c_from_outside_after_each_delay_exits_130_and_resumes(prepared, tmp_path, straight_rows):
-    """A real Ctrl-C sent by another process as the first run starts, and as it trains (between runs: above)."""
-    for number, wait_for in enumerate(("[1/2]", f"step {4:>6}/13")):
-        def run(command, wait_for=wait_for):
-            child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**ONE_THREAD, "PYTHONUNBUFFERED": "1"}, preexec_fn=with_ctrl_c)
-            seen = ""
-            while wait_for not in seen:  # reading its output: the signal comes at a moment of the run, not a time
-                line = child.stdout.readline()
-                assert line, f"the sweep ended before {wait_for!r}: {seen}{child.stderr.read()}"
-                seen += line
-            child.send_signal(signal.SIGINT)
-            stdout, stderr = child.communicate(timeout=300)
-            return subprocess.CompletedProcess(command, child.returncode, seen + stdout, stderr)
+def test_sweep_ctrl_c_from_outside_as_the_first_run_starts_exits_130_and_resumes(prepared, tmp_path, straight_rows):
+    """A real Ctrl-C sent by another process as the first run starts: it lands while the Trainer is built or in its
+    first steps, a moment none of the hooks above hits.
 
-        interrupted_then_resumed(prepared, tmp_path / f"s{number}", run, straight_rows)
+    Ctrl-C while a run trains goes through the Trainer's handler: the "training" moment above proves it, with the
+    checkpoint it saves; before, between and after runs: the other moments.
+    """
+    def run(command, wait_for="[1/2]"):
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={**ONE_THREAD, "PYTHONUNBUFFERED": "1"}, preexec_fn=with_ctrl_c)
+        seen = ""
+        while wait_for not in seen:  # reading its output: the signal comes at a moment of the run, not a time
+            line = child.stdout.readline()
+            assert line, f"the sweep ended before {wait_for!r}: {seen}{child.stderr.read()}"
+            seen += line
+        child.send_signal(signal.SIGINT)
+        stdout, stderr = child.communicate(timeout=300)
+        return subprocess.CompletedProcess(command, child.returncode, seen + stdout, stderr)
+
+    interrupted_then_resumed(prepared, tmp_path / "s", run, straight_rows)

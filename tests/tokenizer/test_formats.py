@@ -18,6 +18,19 @@ def trained(shakespeare_documents):
     return Tokenizer.train(shakespeare_documents[:6], vocab_size=2000, special_tokens=[EOT, "<|pad|>"])
 
 
+@pytest.fixture(scope="module")
+def tiktoken_export():
+    """`tokenizer.to_tiktoken()`, built once per tokenizer: a 100K vocabulary takes seconds to export."""
+    built = {}  # id -> (tokenizer, encoding): holding the tokenizer keeps its id from being reused
+
+    def export(tokenizer):
+        if id(tokenizer) not in built:
+            built[id(tokenizer)] = (tokenizer, tokenizer.to_tiktoken())
+        return built[id(tokenizer)][1]
+
+    return export
+
+
 def probe_text(shakespeare_documents):
     return shakespeare_documents[10][:100_000] + "".join(SAMPLES.values()) + "\x00\\xff \\\\ caf\u00e9"
 
@@ -125,10 +138,10 @@ def test_inconsistent_vocab_and_merges_are_clear_errors(vocab_edit, merges, mess
         Tokenizer(vocab, merges)
 
 
-def test_from_tiktoken_file_recovers_cl100k_merges(cl100k_pair, tmp_path):
+def test_from_tiktoken_file_recovers_cl100k_merges(cl100k_pair, tiktoken_export, tmp_path):
     """Re-exporting the loaded cl100k tokenizer gives tiktoken the same ranks it read."""
     ours, theirs = cl100k_pair
-    assert ours.to_tiktoken()._mergeable_ranks == theirs._mergeable_ranks
+    assert tiktoken_export(ours)._mergeable_ranks == theirs._mergeable_ranks
     bad = tmp_path / "bad.tiktoken"
     bad.write_text("IQ== 0\nnot-base64!! 1\n")
     with pytest.raises(GptlabError, match="line 2"):
@@ -180,13 +193,14 @@ def test_huggingface_export_gives_the_same_ids(tmp_path, shakespeare_documents, 
     assert hf.decode(tokenizer.encode(text), skip_special_tokens=False) == text
 
 
-def test_pretrained_exports_round_trip_through_tiktoken_and_huggingface(pair, shakespeare_documents):
+def test_pretrained_exports_round_trip_through_tiktoken_and_huggingface(pair, shakespeare_documents, tiktoken_export):
     ours, theirs = pair
     text = shakespeare_documents[0][:50_000] + SAMPLES["multilingual"] + SAMPLES["whitespace"] + SAMPLES["numbers"]
-    assert ours.to_huggingface().encode(text).ids == theirs.encode(text)
-    assert ours.to_tiktoken().encode(text) == theirs.encode(text)
+    hf = ours.to_huggingface()  # built once: the build, not the encode, is the slow part
+    assert hf.encode(text).ids == theirs.encode(text)
+    assert tiktoken_export(ours).encode(text) == theirs.encode(text)
     special = f"a{EOT}b{EOT}"  # cl100k leaves id 100256 unused: the export must keep <|endoftext|> at 100257
-    assert ours.to_huggingface().encode(special).ids == theirs.encode(special, allowed_special="all")
+    assert hf.encode(special).ids == theirs.encode(special, allowed_special="all")
 
 
 def test_formats_module_never_imports_the_tokenizer_core():

@@ -94,13 +94,20 @@ def test_moe_ddp_on_two_gloo_processes_equals_one_process_with_the_bias_update(p
             assert layer_b["tokens"] == pytest.approx(layer_a["tokens"], abs=1e-6)
 
 
+@pytest.fixture(scope="module")
+def plain_two_steps(prepared, tmp_path_factory):
+    """The plain fp32 two-step run the variants below are compared with: trained once for the module."""
+    out = tmp_path_factory.mktemp("moe_plain") / "plain"
+    return quiet(dataclasses.replace(moe_config(prepared, out), max_steps=2)).fit(), train_records(out)
+
+
 @pytest.mark.parametrize("changes", [{"activation_checkpointing": True}, {"compile": True}], ids=["checkpointing", "compile"])
-def test_moe_training_with_checkpointing_or_compile_equals_the_plain_run(prepared, tmp_path, changes):
+def test_moe_training_with_checkpointing_or_compile_equals_the_plain_run(prepared, tmp_path, plain_two_steps, changes):
     """Two steps of each equal the plain fp32 run: losses, expert loads and balance losses."""
-    plain = quiet(dataclasses.replace(moe_config(prepared, tmp_path / "plain"), max_steps=2)).fit()
+    plain, a = plain_two_steps
     other = quiet(dataclasses.replace(moe_config(prepared, tmp_path / "other"), max_steps=2, **changes)).fit()
     assert other.losses == pytest.approx(plain.losses, rel=1e-4)
-    a, b = train_records(tmp_path / "plain"), train_records(tmp_path / "other")
+    b = train_records(tmp_path / "other")
     layers_a, layers_b = [layer for r in a for layer in r["moe_layers"]], [layer for r in b for layer in r["moe_layers"]]
     assert [layer["tokens"] for layer in layers_b] == [layer["tokens"] for layer in layers_a]  # the same routing
     for key in ("balance", "z", "max_load", "dropped"):
@@ -108,8 +115,8 @@ def test_moe_training_with_checkpointing_or_compile_equals_the_plain_run(prepare
     assert [r["moe_aux_loss"] for r in b] == pytest.approx([r["moe_aux_loss"] for r in a], rel=1e-4)
 
 
-def test_moe_training_in_bf16_takes_finite_steps_near_the_fp32_run(prepared, tmp_path):
-    plain = quiet(dataclasses.replace(moe_config(prepared, tmp_path / "fp32"), max_steps=2)).fit()
+def test_moe_training_in_bf16_takes_finite_steps_near_the_fp32_run(prepared, tmp_path, plain_two_steps):
+    plain = plain_two_steps[0]
     bf16 = quiet(dataclasses.replace(moe_config(prepared, tmp_path / "bf16"), max_steps=2, precision="bf16")).fit()
     assert bf16.status == "finished" and all(torch.isfinite(torch.tensor(bf16.losses)))
     assert bf16.losses == pytest.approx(plain.losses, rel=2e-2)

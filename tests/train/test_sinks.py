@@ -39,16 +39,14 @@ def test_tensorboard_holds_every_logged_number_at_its_step(prepared, tmp_path):
         assert [(event.step, event.value) for event in events.Scalars(key)] == [(step, float(np.float32(value))) for step, value in points], key
 
 
-TRACKIO_TRAIN = """
-import sys
+# Trains with --trackio, then reads trackio's SQLite store back through trackio's own API: fit() must have finished
+# the run (flushed its logs to disk) before it returns. One process for both saves a Python + torch start.
+TRACKIO_TRAIN_AND_READ = """
+import json, sys
 from pathlib import Path
 from gptlab.train import Trainer
 from tests.train.conftest import tiny_config
 Trainer(tiny_config(Path(sys.argv[1]), Path(sys.argv[2]), max_steps=4, eval_every=2, trackio="gptlab-test"), log=lambda *_: None).fit()
-"""
-
-TRACKIO_READ = """
-import json, sys
 import trackio
 from trackio.sqlite_storage import SQLiteStorage
 runs = list(trackio.Api().runs("gptlab-test"))
@@ -57,13 +55,13 @@ print(json.dumps({"runs": len(runs), "config": runs[0].config, "logs": SQLiteSto
 
 
 def test_trackio_stores_every_logged_number_at_its_step_locally(prepared, tmp_path):
-    """Two processes, since trackio reads TRACKIO_DIR when imported: one trains with --trackio, one reads the store back."""
+    """A process of its own, since trackio reads TRACKIO_DIR when imported: it trains with --trackio, then reads the store back."""
     env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio"), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     out = tmp_path / "run"
-    for script, args in ((TRACKIO_TRAIN, [str(prepared), str(out)]), (TRACKIO_READ, [])):
-        result = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
-        assert result.returncode == 0, result.stderr[-3000:]
+    result = subprocess.run([sys.executable, "-c", TRACKIO_TRAIN_AND_READ, str(prepared), str(out)], capture_output=True, text=True,
+                            env=env, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
     stored = json.loads(result.stdout.splitlines()[-1])
     assert stored["runs"] == 1 and stored["config"]["max_steps"] == 4 and stored["config"]["trackio"] == "gptlab-test"
     found: dict[str, list] = {}
