@@ -18,7 +18,7 @@ from gptlab.train import Trainer
 from tests.parallel.common import spawn_ranks
 from tests.parallel.expert_workers import CLIP, LR, ROWS, layer_inputs, make_layer, make_model, token_batches
 from tests.train.conftest import tiny_config
-from tests.train.test_trainer import final_weights, run_on_two_ranks
+from tests.train.test_trainer import assert_same_weights, final_weights, run_on_two_ranks
 
 WORLD = 2
 
@@ -89,30 +89,44 @@ def test_expert_parallel_training_equals_one_process(ranks):
 
 
 TRAINER_SCRIPT = """
-import sys
+import dataclasses, shutil, sys
 from pathlib import Path
+import torch.distributed as dist
 from gptlab.model.config import preset
 from gptlab.runtime.config import apply_overrides
 from gptlab.train import Trainer
 from tests.train.conftest import tiny_config
-base = tiny_config(Path(sys.argv[1]), Path(sys.argv[2]), micro_batch=2, batch_tokens=4 * 32, max_steps=3,
+out = Path(sys.argv[2])
+base = tiny_config(Path(sys.argv[1]), out, micro_batch=2, batch_tokens=4 * 32, max_steps=4, checkpoint_every=2,
                    model=preset("moe-tiny", block_size=32))
 config = apply_overrides(base, ["--parallel.expert-parallel", "true"])
-Trainer(config, log=lambda *_: None).fit()
+lines = []
+Trainer(config, log=lines.append).fit()
+if dist.get_rank() == 0:  # the same run, cut back to its step-2 checkpoint
+    shutil.copytree(out, out.parent / "resumed")
+    shutil.rmtree(out.parent / "resumed" / "checkpoints" / "step_000004")
+    (out.parent / "announced.txt").write_text(next(line for line in lines if line.startswith("training ")))
+dist.barrier()
+Trainer(dataclasses.replace(config, out=str(out.parent / "resumed")), log=lambda *_: None).fit()
 """
 
 
-def test_trainer_under_torchrun_with_expert_parallel_equals_one_process(prepared, tmp_path):
+def test_trainer_under_torchrun_with_expert_parallel_equals_one_process_and_resumes(prepared, tmp_path):
     """torchrun, 2 gloo ranks, `--parallel.expert-parallel true`, moe-tiny: the saved model (experts gathered whole)
-    equals one process's after 3 steps."""
-    single = tiny_config(prepared, tmp_path / "single", micro_batch=2, batch_tokens=4 * 32, max_steps=3,
+    equals one process's after 4 steps; the same run resumed from its step-2 checkpoint under expert parallelism
+    (each rank slicing its experts' weights and AdamW moments from the whole checkpoint) ends with the same weights;
+    the announcement counts every rank's experts."""
+    single = tiny_config(prepared, tmp_path / "single", micro_batch=2, batch_tokens=4 * 32, max_steps=4, checkpoint_every=2,
                          model=preset("moe-tiny", block_size=32))
     Trainer(single, log=lambda *_: None).fit()
     run_on_two_ranks(TRAINER_SCRIPT, prepared, tmp_path)
     reference, weights = final_weights(tmp_path / "single"), final_weights(tmp_path / "ddp")
     assert weights.keys() == reference.keys()
-    for name, tensor in reference.items():
-        torch.testing.assert_close(weights[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+    for name, tensor in reference.items():  # a mid-run checkpoint must leave the run as it was (it once swapped moments)
+        torch.testing.assert_close(weights[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
+    assert_same_weights(tmp_path / "ddp", tmp_path / "resumed")
+    total = GPT(single.model).num_params()
+    assert (tmp_path / "announced.txt").read_text().startswith(f"training {total:,} parameters")
 
 
 def test_expert_parallel_refuses_other_sharding_and_compile():

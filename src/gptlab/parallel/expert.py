@@ -128,7 +128,7 @@ def gather_expert_optimizer_state(model: nn.Module, optimizer: torch.optim.Optim
     for index, parameter in enumerate(parameters):  # state_dict numbers parameters in param-group order
         if id(parameter) not in shards:
             continue
-        entry = state["state"].setdefault(index, {})
+        entry = state["state"][index] = dict(state["state"].get(index, {}))  # state_dict() hands out the live dicts
         for key, value in sorted(entry.items()):
             if torch.is_tensor(value) and value.shape == parameter.shape:
                 pieces = [torch.empty_like(value) for _ in range(world)]
@@ -137,8 +137,38 @@ def gather_expert_optimizer_state(model: nn.Module, optimizer: torch.optim.Optim
     return state
 
 
+def load_whole_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict[str, torch.Tensor],
+                     optimizer_state: dict, group=None) -> None:
+    """The inverse of the two gathers above, to resume: from a whole model's state dict and optimizer state (a
+    checkpoint, written with or without expert parallelism), keep this rank's slice of every expert tensor."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    weights = dict(weights)
+    for prefix, layer in named_moe_layers(model):
+        local = layer.experts_fc.shape[0]
+        for name in EXPERT_WEIGHTS:
+            key = f"{prefix}.{name}" if prefix else name
+            weights[key] = weights[key][rank * local:(rank + 1) * local]
+    model.load_state_dict(weights)
+    shards = {id(getattr(layer, name)) for layer in moe_layers(model) for name in EXPERT_WEIGHTS}
+    parameters = [p for group_ in optimizer.param_groups for p in group_["params"]]
+    state = {**optimizer_state, "state": {index: dict(entry) for index, entry in optimizer_state["state"].items()}}
+    for index, parameter in enumerate(parameters):  # numbered in param-group order, as the gather saved them
+        entry = state["state"].get(index, {})
+        local = parameter.shape[0]
+        for key, value in entry.items():
+            if torch.is_tensor(value) and value.shape == (local * world, *parameter.shape[1:]) and id(parameter) in shards:
+                entry[key] = value[rank * local:(rank + 1) * local]
+    optimizer.load_state_dict(state)
+
+
 def is_expert_parallel(model: nn.Module) -> bool:
     return any(hasattr(layer, "expert_world") for layer in moe_layers(model))
+
+
+def experts_elsewhere(model: nn.Module) -> int:
+    """Expert parameters the other ranks hold (0 without expert parallelism): with the rank's own, the whole model."""
+    return sum(getattr(layer, name).numel() * (getattr(layer, "expert_world", 1) - 1)
+               for layer in moe_layers(model) for name in EXPERT_WEIGHTS)
 
 
 @torch.no_grad()

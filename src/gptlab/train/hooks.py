@@ -20,6 +20,7 @@ import torch
 
 from gptlab.eval.loss import evaluate_loss
 from gptlab.model.accounting import PEAK_FLOPS, flops_per_token, peak_flops
+from gptlab.parallel.expert import experts_elsewhere
 from gptlab.parallel.wrap import describe, sharded_forward
 from gptlab.runs import append_sample, describe_machine, write_machine, write_report
 from gptlab.runs.report import REPORT_FILE
@@ -38,7 +39,7 @@ class HooksMixin:
         ranks = f", {runtime.world_size} ranks, {describe(config.parallel)}" if runtime.distributed else ""
         init = f", from {config.init_from}" if config.init_from and self.state.step == 0 else ""
         self.print(
-            f"training {model.num_params():,} parameters on {runtime.device} ({self.precision}"
+            f"training {model.num_params() + experts_elsewhere(model):,} parameters on {runtime.device} ({self.precision}"
             f"{', compiled' if config.compile else ''}{ranks}{init}): "
             f"{config.batch_tokens:,} tokens/step = {self.accum} x {config.micro_batch} x {config.seq_len}"
             f"{f' x {runtime.world_size}' if runtime.distributed else ''}, "

@@ -4,8 +4,9 @@ Resume is exact: a checkpoint holds weights, optimizer and GradScaler state,
 the step, every rank's loader position and RNG states, so N steps straight
 equal k steps + resume + N - k steps, loss for loss. A run resumes only with the model, batch, data and seed
 it was saved with. Metrics, samples and checkpoint records logged after the checkpoint a run resumes from are
-dropped, so logs and plots never mix runs. Under FSDP the weights and optimizer state are gathered whole to
-save, and every rank reads the whole checkpoint back and keeps its shards: the files are the unsharded format.
+dropped, so logs and plots never mix runs. Under FSDP or expert parallelism the weights and optimizer state are
+gathered whole to save, and every rank reads the whole checkpoint back and keeps its shards: the files are the
+unsharded format, so a run may resume with or without sharding.
 
 The Trainer (gptlab.train.trainer) mixes this in: `_restore` before the loop, `_save` at checkpoints and at the end.
 Not here: the files themselves, pruning and the best checkpoint (gptlab.train.checkpoint).
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 
 from gptlab.model import GPT
-from gptlab.parallel.expert import gather_expert_weights, is_expert_parallel
+from gptlab.parallel.expert import gather_expert_weights, is_expert_parallel, load_whole_state
 from gptlab.parallel.fsdp import full_model_state, load_full_state
 from gptlab.parallel.wrap import full_optimizer_state, is_fsdp
 from gptlab.runs import truncate_samples
@@ -100,17 +101,17 @@ class ResumeMixin:
             self.tokenizer.save(folder / "tokenizer")
 
     def _load(self, path: Path) -> dict:
-        """Weights, optimizer, scaler and RNGs from a checkpoint; under FSDP every rank reads it whole and keeps its shards."""
+        """Weights, optimizer, scaler and RNGs from a checkpoint; under FSDP or expert parallelism every rank reads it
+        whole and keeps its shards."""
         runtime = self.runtime
-        if is_expert_parallel(self.model):  # the experts' optimizer moments are saved as rank 0's shards only
-            raise GptlabError(f"resuming {path} under --parallel.expert-parallel is not supported yet; resume without it "
-                              "(one process, or DDP) from the full weights saved there")
-        if not is_fsdp(self.model):
+        sharded = is_fsdp(self.model) or is_expert_parallel(self.model)
+        if not sharded:
             return load_checkpoint(path, self.model, self.optimizer, scaler=self.scaler, device=runtime.device, rank=runtime.rank)
         whole = GPT(self.config.model)
         saved = load_checkpoint(path, whole, None, scaler=self.scaler, device="cpu", rank=runtime.rank)
         optimizer_state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
-        load_full_state(self.model, self.optimizer, whole.state_dict(), optimizer_state)
+        load = load_whole_state if is_expert_parallel(self.model) else load_full_state
+        load(self.model, self.optimizer, whole.state_dict(), optimizer_state)
         return saved
 
     def _whole_model(self) -> GPT:
