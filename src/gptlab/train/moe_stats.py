@@ -23,6 +23,19 @@ import torch.distributed as dist
 from gptlab.model.moe import STAT_NAMES, MoE  # STAT_NAMES: pop_stats' scalars, after its `tokens` (E,)
 
 
+def sparse_layers(model: torch.nn.Module) -> tuple[list[MoE], list[int]]:
+    """Every sparse layer the run trains, with its block number: a GPT's, and a reward model's trunk or PPO's
+    policy and value model (wrappers around GPTs) too."""
+    found = [(name, module) for name, module in model.named_modules() if isinstance(module, MoE)]
+    return [module for _, module in found], [int(name.split(".h.")[-1].split(".")[0]) for name, _ in found]
+
+
+def balance_loss(layers: list[MoE]) -> torch.Tensor | None:
+    """The sparse layers' weighted balance losses from their last training forward (None if none ran)."""
+    losses = [layer.aux_loss for layer in layers if layer.aux_loss is not None]
+    return sum(losses) if losses else None
+
+
 def clear_statistics(layers: list[MoE]) -> None:
     """Forget loads and statistics counted outside this step (a pass retried after running out of memory)."""
     for layer in layers:

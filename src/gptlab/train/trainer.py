@@ -60,7 +60,7 @@ from gptlab.train.fit import out_of_memory_error
 from gptlab.train.hooks import HooksMixin
 from gptlab.train.metrics import console_line, plot_losses
 from gptlab.train.micro_batch import MicroBatchMixin
-from gptlab.train.moe_stats import clear_statistics, moe_metrics, update_routing_biases
+from gptlab.train.moe_stats import balance_loss, clear_statistics, moe_metrics, sparse_layers, update_routing_biases
 from gptlab.train.prepare import FREE_FIELDS, RUN_FILES, PrepareMixin
 from gptlab.train.resume import ResumeMixin, TrainState
 from gptlab.train.schedule import learning_rate
@@ -115,6 +115,7 @@ class Trainer(PrepareMixin, ResumeMixin, MicroBatchMixin, HooksMixin):
         self.before: object = None  # ... and what it measured
         self.fit_note = ""  # how the micro-batch was chosen, for the announcement
         self.moe_layers: list = []  # the model's sparse feed-forward layers, found when it is built (fit)
+        self.moe_numbers: list[int] = []  # ... and their block numbers
         self.config = self._check_before_compute(config)
 
     # ------------------------------------------------------------ the loop
@@ -125,7 +126,7 @@ class Trainer(PrepareMixin, ResumeMixin, MicroBatchMixin, HooksMixin):
         try:
             self._build()
             self.state = self._restore(resume_from)
-            self.moe_layers = getattr(self.model, "moe_layers", list)()  # sparse feed-forward layers (gptlab.train.moe_stats)
+            self.moe_layers, self.moe_numbers = sparse_layers(self.model)  # sparse feed-forward layers (gptlab.train.moe_stats)
         except GptlabError:  # refused before any training: a new run leaves nothing behind
             if self.folder is not None:
                 self.folder.undo()
@@ -214,9 +215,12 @@ class Trainer(PrepareMixin, ResumeMixin, MicroBatchMixin, HooksMixin):
             last = micro == self.accum - 1
             sync = no_sync(self.wrapped) if self.runtime.distributed and not last else nullcontext()
             with sync:
+                for layer in self.moe_layers:
+                    layer.aux_loss = None
                 loss = self._micro_loss(x, y, kwargs, weight)
+                loss, aux = self._with_balance_loss(loss, y, weight)
                 loss_sum += loss.detach()
-                self.aux_sum += self._aux_share(y, weight)
+                self.aux_sum += aux
                 self.scaler.scale(loss).backward()
         finish_gradient_synchronization(self.wrapped)  # the hand-written variants wait for their all-reduces here
         return loss_sum
@@ -228,13 +232,18 @@ class Trainer(PrepareMixin, ResumeMixin, MicroBatchMixin, HooksMixin):
             _, loss = self.wrapped(x, y, loss_reduction="mean" if weight is None else "sum", fused_loss=fused, **kwargs)
         return loss / self.accum if weight is None else loss * weight
 
-    def _aux_share(self, y: torch.Tensor, weight: float | None) -> torch.Tensor | float:
-        """The MoE balance losses' part of the micro-batch's loss, scaled as _micro_loss scales the loss: the model
-        added them per counted token under "sum" (gptlab.model.gpt). 0 for a dense model or a loss without them."""
+    def _with_balance_loss(self, loss: torch.Tensor, y: torch.Tensor, weight: float | None) -> tuple[torch.Tensor, torch.Tensor | float]:
+        """The micro-batch's loss with the MoE balance losses, and their part of it, scaled as _micro_loss scales
+        the loss. A forward with targets added them itself (gptlab.model.gpt: per counted token under "sum");
+        losses computed from logits or scalars without targets (DPO, GRPO, PPO, the reward model) get them here."""
         aux = getattr(self.model, "last_aux_loss", None)
-        if aux is None:
-            return 0.0
-        return aux / self.accum if weight is None else aux * (y != IGNORE).sum() * weight
+        added = aux is not None
+        if not added:
+            aux = balance_loss(self.moe_layers)
+        if aux is None:  # a dense model
+            return loss, 0.0
+        share = aux / self.accum if weight is None else aux * (y != IGNORE).sum() * weight
+        return (loss, share) if added else (loss + share, share.detach())
 
     def _step_tokens(self) -> int:
         """Tokens the step trained on: the configured batch (GRPO: its rollout's rows, as long as the longest)."""
@@ -287,8 +296,7 @@ class Trainer(PrepareMixin, ResumeMixin, MicroBatchMixin, HooksMixin):
         """Per sparse layer, the logged step's expert load summed over ranks (gptlab.train.moe_stats); {} if dense."""
         if not self.moe_layers:
             return {}
-        numbers = [index for index, sparse in enumerate(self.model.config.sparse_layers) if sparse]
-        return moe_metrics(self.moe_layers, numbers, self.aux_value)
+        return moe_metrics(self.moe_layers, self.moe_numbers, self.aux_value)
 
     def _periodic(self, out_of_time: bool) -> None:
         """Evaluations, samples and checkpoints that fall on this step (not on the last: _finish does those)."""
