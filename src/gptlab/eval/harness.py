@@ -314,12 +314,11 @@ def evaluate_harness(
     `bootstrap_iters` resamples (0: none).
     """
     import lm_eval
-    from lm_eval.tasks import TaskManager
 
     if isinstance(tasks, str) or not tasks:
         raise GptlabError(f"tasks must be a non-empty list of lm-eval task names, e.g. ['hellaswag'], got {tasks!r}")
     lm = GptlabLM(model, tokenizer, batch_size=batch_size, device=device, precision=precision, seed=seed)
-    manager = TaskManager(include_path=None if include_path is None else str(include_path), include_defaults=include_defaults)
+    manager = task_manager(tasks, include_path, include_defaults)
     unknown = [task for task in tasks if task not in manager.all_tasks and not Path(task).is_file()]
     if unknown:
         raise GptlabError(f"unknown lm-eval tasks: {', '.join(unknown)} (`lm_eval ls tasks` lists them; "
@@ -337,6 +336,18 @@ def evaluate_harness(
         torch_random_seed=seed,
         fewshot_random_seed=seed,
     )
+
+
+def task_manager(tasks: Sequence[str], include_path: str | Path | None, include_defaults: bool):
+    """lm-eval's task index. Indexing its thousands of built-in task YAMLs takes ~10 s, so when every task asked for
+    is a plain task of `include_path` (not a group, which may name built-in tasks), that folder alone is indexed."""
+    from lm_eval.tasks import TaskManager
+
+    if include_path is not None:
+        local = TaskManager(include_path=str(include_path), include_defaults=False)
+        if not include_defaults or all(task in local.all_subtasks or Path(task).is_file() for task in tasks):
+            return local
+    return TaskManager(include_path=None if include_path is None else str(include_path), include_defaults=include_defaults)
 
 
 def results_table(results: dict) -> str:
