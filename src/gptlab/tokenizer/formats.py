@@ -58,7 +58,8 @@ def token_to_text(token: bytes) -> str:
 
 
 def text_to_token(text: str) -> bytes:
-    return codecs.escape_decode(text.encode("utf-8"))[0]
+    data = text.encode("utf-8")
+    return codecs.escape_decode(data)[0] if "\\" in text else data  # most tokens hold no escape
 
 
 # ------------------------------------------------------------ gptlab format
@@ -73,6 +74,7 @@ def save_tokenizer(tokenizer, directory: str | os.PathLike) -> Path:
 def tokenizer_file_text(tokenizer) -> str:
     """The text of `tokenizer.json` in gptlab's format (one token or merge per line, for diffs and reading)."""
     specials = set(tokenizer.special_tokens.values())
+    encode = json.JSONEncoder(ensure_ascii=False).encode  # one encoder: json.dumps with options builds one per call
     lines = [
         "{",
         f'"format": {json.dumps(FORMAT_NAME)},',
@@ -82,13 +84,13 @@ def tokenizer_file_text(tokenizer) -> str:
         f'"special_tokens": {json.dumps(tokenizer.special_tokens, ensure_ascii=False)},',
         '"vocab": [',
         ",\n".join(
-            json.dumps([i, token_to_text(tokenizer.vocab[i])], ensure_ascii=False)
+            encode([i, token_to_text(tokenizer.vocab[i])])
             for i in sorted(tokenizer.vocab)
             if i not in specials
         ),
         "],",
         '"merges": [',
-        ",\n".join(json.dumps([token_to_text(a), token_to_text(b)], ensure_ascii=False) for a, b in tokenizer.merges),
+        ",\n".join(encode([token_to_text(a), token_to_text(b)]) for a, b in tokenizer.merges),
         "]",
         "}",
     ]
