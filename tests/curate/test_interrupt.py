@@ -17,6 +17,8 @@ from gptlab.cli.main import main
 from gptlab.curate.example import write_example_warc
 from tests.conftest import with_ctrl_c
 
+pytestmark = pytest.mark.xdist_group("curate_interrupt")  # one worker builds the module fixtures once, not each worker
+
 # Runs the CLI with one internal function wrapped to send Ctrl-C to the process group when it is called.
 CTRL_C_AT = """
 import multiprocessing.pool, os, signal, sys

@@ -19,6 +19,7 @@ from gptlab.curate.pii import EMAIL, IP_ADDRESS, PHONE_NUMBER
 from gptlab.curate.readers import read_documents
 
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+CURATED = pytest.mark.xdist_group("curate_curated")  # one worker builds the `curated` fixture once, not each worker
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,7 @@ def _rows(out):
     return [json.loads(line) for path in sorted((out / "shards").glob("*.jsonl")) for line in path.read_text().splitlines()]
 
 
+@CURATED
 def test_curate_report_chains_each_stages_counts_and_names_its_drops(curated):
     report = json.loads((curated / "report.json").read_text())
     stages = report["stages"]
@@ -54,6 +56,7 @@ def test_curate_report_chains_each_stages_counts_and_names_its_drops(curated):
     assert "out: " in (curated / "report.txt").read_text() and not (curated / "work").exists()
 
 
+@CURATED
 def test_curated_text_is_clean_deduplicated_and_prepare_accepts_it(curated, prepared, tmp_path):
     rows = _rows(curated)
     texts = [row["text"] for row in rows]
@@ -69,13 +72,15 @@ def test_curated_text_is_clean_deduplicated_and_prepare_accepts_it(curated, prep
     assert manifest["documents"]["kept"] == len(rows)
 
 
+@CURATED
 def test_curate_rerun_of_a_finished_folder_reprints_its_report(curated, crawl, capsys):
     before = (curated / "report.json").read_bytes()
     assert main(["data", "curate", *map(str, crawl), "--out", str(curated)]) == 0
     assert "finished: its report follows" in capsys.readouterr().out and (curated / "report.json").read_bytes() == before
 
 
-def test_curate_killed_mid_run_resumes_to_the_uninterrupted_output(crawl, curated, tmp_path):
+@CURATED
+def test_curate_killed_mid_run_resumes_to_the_uninterrupted_output(crawl, curated, tmp_path, capsys):
     """kill -9 once the first input is filtered; the rerun skips it and ends with the same shards and report."""
     out = tmp_path / "killed"
     command = [sys.executable, "-m", "gptlab.cli.main", "data", "curate", *map(str, crawl), "--out", str(out), "--workers", "1"]
@@ -87,12 +92,13 @@ def test_curate_killed_mid_run_resumes_to_the_uninterrupted_output(crawl, curate
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     assert first.exists() and not (out / "report.json").exists()  # killed between inputs, before the end
-    result = subprocess.run(command, capture_output=True, text=True, env=ONE_THREAD)
-    assert result.returncode == 0 and "inputs filtered before" in result.stdout
+    # the rerun in this process: only the killed run needs a process of its own (saves a start)
+    assert main(command[3:]) == 0 and "inputs filtered before" in capsys.readouterr().out
     assert _rows(out) == _rows(curated)
     assert json.loads((out / "report.json").read_text())["stages"] == json.loads((curated / "report.json").read_text())["stages"]
 
 
+@CURATED
 def test_curate_refuses_a_folder_it_did_not_make_and_other_settings(crawl, curated, tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("mine")
     assert main(["data", "curate", str(crawl[0]), "--out", str(tmp_path)]) == 1
@@ -262,6 +268,7 @@ def test_curate_refuses_a_truncated_crawl_naming_it_and_leaves_nothing(crawl, tm
     assert not (tmp_path / "out").exists()
 
 
+@CURATED
 def test_curate_truncated_crawl_after_others_keeps_their_work_and_resumes_once_fixed(crawl, curated, tmp_path, capsys):
     """The inputs filtered before the bad one stay; the same command, once the file is whole, ends as if nothing happened."""
     data = crawl[1].read_bytes()

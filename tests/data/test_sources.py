@@ -22,16 +22,17 @@ def closed_port() -> int:
 
 
 def run_cli(args, env_changes, cwd):
-    """`gptlab ARGS` in a fresh process (Hugging Face settings are read at import), this checkout's gptlab first."""
+    """`gptlab ARGS` in a fresh process (Hugging Face settings are read at import), this checkout's gptlab first.
+    The tests pass the suite's small tokenizer: loading GPT-2's 50K vocabulary would cost a second of each run."""
     env = {key: value for key, value in os.environ.items() if key not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_ENDPOINT")}
     env.update(env_changes, PYTHONPATH=str(Path(gptlab.__file__).resolve().parents[1]))
     return subprocess.run([sys.executable, "-m", "gptlab.cli.main", *args], capture_output=True, text=True, env=env, timeout=120, cwd=cwd)
 
 
-def test_hf_source_reports_an_unreachable_hub_in_one_line_without_retries(tmp_path):
+def test_hf_source_reports_an_unreachable_hub_in_one_line_without_retries(prepared, tmp_path):
     endpoint = f"http://127.0.0.1:{closed_port()}"
     hf_home = str(tmp_path / "hf")
-    args = ["data", "prepare", "hf:nobody/nothing", "-t", "gpt2", "--out", str(tmp_path / "out"), "--quiet"]
+    args = ["data", "prepare", "hf:nobody/nothing", "-t", str(prepared / "tokenizer"), "--out", str(tmp_path / "out"), "--quiet"]
     result = run_cli(args, {"HF_ENDPOINT": endpoint, "HF_HOME": hf_home}, tmp_path)
     assert result.returncode == 1
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -41,22 +42,22 @@ def test_hf_source_reports_an_unreachable_hub_in_one_line_without_retries(tmp_pa
     assert not (tmp_path / "out").exists()
 
 
-def test_hf_source_reads_a_local_dataset_directory_when_the_hub_is_unreachable(tmp_path):
+def test_hf_source_reads_a_local_dataset_directory_when_the_hub_is_unreachable(prepared, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     (tmp_path / "dataset").mkdir()
     pq.write_table(pa.table({"text": [f"document {i} " * 20 for i in range(5)]}), tmp_path / "dataset" / "part-0.parquet")
     endpoint = f"http://127.0.0.1:{closed_port()}"
-    args = ["data", "prepare", f"hf:{tmp_path / 'dataset'}", "-t", "gpt2", "--out", str(tmp_path / "out"), "--quiet"]
+    args = ["data", "prepare", f"hf:{tmp_path / 'dataset'}", "-t", str(prepared / "tokenizer"), "--out", str(tmp_path / "out"), "--quiet"]
     result = run_cli(args, {"HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf")}, tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"prepared {tmp_path / 'out'}")
     assert "documents: 5 read, 5 kept" in result.stdout
 
 
-def test_hf_source_in_offline_mode_fails_in_one_line(tmp_path):
-    args = ["data", "prepare", "hf:nobody/nothing:cfg", "-t", "gpt2", "--out", str(tmp_path / "out"), "--quiet"]
+def test_hf_source_in_offline_mode_fails_in_one_line(prepared, tmp_path):
+    args = ["data", "prepare", "hf:nobody/nothing:cfg", "-t", str(prepared / "tokenizer"), "--out", str(tmp_path / "out"), "--quiet"]
     result = run_cli(args, {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}, tmp_path)
     assert result.returncode == 1
     lines = [line for line in result.stderr.splitlines() if line.strip()]

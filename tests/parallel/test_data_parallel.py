@@ -14,6 +14,7 @@ from tests.parallel.common import DTYPES, LR, autocast_to, make_model, single_pr
 from tests.parallel.workers import BUCKET_MB, HAND, run_cases
 
 WORLD = 2
+pytestmark = pytest.mark.xdist_group("data_parallel_ranks")  # one worker spawns the ranks once, not each worker
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,9 @@
-"""Launched as users launch it: the Trainer under torchrun with --parallel.* flags, and two torchrun "nodes"
-meeting at a c10d rendezvous, each against a single process."""
+"""Launched as users launch it: two torchrun "nodes" meeting at a c10d rendezvous, running the Trainer with
+--parallel.* flags and a hand data-parallel loop, each against a single process.
+
+One launch serves both tests (starting the nodes costs more than the runs in them); `torchrun --standalone` is
+launched by tests/train/test_trainer.py.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +14,13 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
 import torch
 
 from gptlab.train import Trainer
 from tests.parallel.common import single_process_weights
 from tests.train.conftest import tiny_config
-from tests.train.test_trainer import final_weights, run_on_two_ranks
+from tests.train.test_trainer import final_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,43 +50,8 @@ for name, flags in [("resumed-zero1", ["--parallel.shard-optimizer", "zero1"]), 
     assert result.losses and len(result.losses) == 2, result
 """
 
-
-def test_trainer_with_hand_data_parallel_zero_and_fsdp_equals_one_process(prepared, tmp_path):
-    """2 gloo ranks x 2 micro-steps x 2 sequences == 1 process x 4 micro-steps x 2 sequences, for
-    --parallel.data-parallel bucketed, --parallel.shard-optimizer zero1 or torch and --parallel.fsdp true; the sharded
-    runs' checkpoints hold the whole optimizer state, as the single process saves it; and a torch DDP run resumed
-    from its step-2 checkpoint under ZeRO-1 or FSDP2 ends where it ends uninterrupted."""
-    single = tiny_config(prepared, tmp_path / "single", micro_batch=2, batch_tokens=8 * 32, max_steps=3)
-    Trainer(single, log=lambda *_: None).fit()
-    run_on_two_ranks(TRAINER_SCRIPT, prepared, tmp_path)
-    reference = final_weights(tmp_path / "single")
-    for name in ("bucketed", "zero1", "zero-torch", "fsdp"):
-        weights = final_weights(tmp_path / "ddp" / name)
-        assert weights.keys() == reference.keys(), name
-        for key in reference:
-            torch.testing.assert_close(weights[key], reference[key], rtol=1e-4, atol=1e-5, msg=f"{name} {key}")
-    for name in ("zero1", "zero-torch", "fsdp"):
-        saved = torch.load(_last(tmp_path / "ddp" / name) / "optimizer.pt", weights_only=True)
-        plain = torch.load(_last(tmp_path / "single") / "optimizer.pt", weights_only=True)
-        assert saved["state"].keys() == plain["state"].keys(), name
-        assert [g["params"] for g in saved["param_groups"]] == [g["params"] for g in plain["param_groups"]], name
-        for index, state in plain["state"].items():
-            torch.testing.assert_close(saved["state"][index]["exp_avg"], state["exp_avg"], rtol=1e-3, atol=1e-6)
-
-
-    for name in ("resumed-zero1", "resumed-fsdp"):  # the checkpoint format is the same whatever shards the state
-        straight, resumed = final_weights(tmp_path / "ddp" / "straight"), final_weights(tmp_path / "ddp" / name)
-        assert _last(tmp_path / "ddp" / name).name == "step_000004"
-        for key in straight:
-            torch.testing.assert_close(resumed[key], straight[key], rtol=1e-4, atol=1e-5, msg=f"{name} {key}")
-
-
-def _last(out: Path) -> Path:
-    return sorted((out / "checkpoints").glob("step_*"))[-1]
-
-
+# The bucketed hand data parallel on the tiny model, each node saving its own weights (in the same process group).
 NODE_SCRIPT = """
-import sys, torch
 from gptlab.parallel.data_parallel import DataParallel
 from gptlab.runtime.device import init_runtime, shutdown_runtime
 from tests.parallel.common import LR, batches, make_model, rank_rows, train
@@ -91,7 +61,7 @@ wrapped = DataParallel(model, variant="bucketed", bucket_mb=300 / 2**20)
 optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
 train(wrapped, optimizer, rank_rows(batches(runtime.world_size, 2), runtime.rank), no_sync=wrapped.no_sync,
       finish=wrapped.finish_gradient_synchronization)
-torch.save(model.state_dict(), f"{sys.argv[1]}/node{runtime.rank}.pt")
+torch.save(model.state_dict(), f"{sys.argv[2]}/node{runtime.rank}.pt")
 shutdown_runtime(runtime)
 """
 
@@ -102,22 +72,62 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_two_torchrun_nodes_meet_at_a_c10d_rendezvous_and_train_as_one_process(tmp_path):
-    """torchrun --nnodes 2 --nproc-per-node 1, twice, as on two machines (docs/multinode.md): the bucketed variant's
-    weights on both nodes equal one process trained on both nodes' rows."""
-    script = tmp_path / "node.py"
-    script.write_text(NODE_SCRIPT)
+@pytest.fixture(scope="module")
+def two_nodes(prepared, tmp_path_factory) -> Path:
+    """torchrun --nnodes 2 --nproc-per-node 1, twice, as on two machines (docs/multinode.md), running TRAINER_SCRIPT
+    then NODE_SCRIPT: the folder they wrote."""
+    folder = tmp_path_factory.mktemp("two_nodes")
+    script = folder / "nodes.py"
+    script.write_text(TRAINER_SCRIPT + NODE_SCRIPT)
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
     endpoint, run_id = f"127.0.0.1:{_free_port()}", f"gptlab-test-{uuid.uuid4().hex[:8]}"
     nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                                "--node-rank", str(rank), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-                               "--rdzv-id", run_id, str(script), str(tmp_path)],
+                               "--rdzv-id", run_id, str(script), str(prepared), str(folder / "ddp")],
                               env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank in range(2)]
     outputs = [node.communicate(timeout=300)[0] for node in nodes]
     assert all(node.returncode == 0 for node in nodes), "\n".join(output[-2000:] for output in outputs)
+    return folder / "ddp"
+
+
+@pytest.mark.xdist_group("launch_two_nodes")  # one worker runs the shared launch once
+def test_trainer_with_hand_data_parallel_zero_and_fsdp_equals_one_process(prepared, tmp_path, two_nodes):
+    """2 gloo ranks x 2 micro-steps x 2 sequences == 1 process x 4 micro-steps x 2 sequences, for
+    --parallel.data-parallel bucketed, --parallel.shard-optimizer zero1 or torch and --parallel.fsdp true; the sharded
+    runs' checkpoints hold the whole optimizer state, as the single process saves it; and a torch DDP run resumed
+    from its step-2 checkpoint under ZeRO-1 or FSDP2 ends where it ends uninterrupted."""
+    single = tiny_config(prepared, tmp_path / "single", micro_batch=2, batch_tokens=8 * 32, max_steps=3)
+    Trainer(single, log=lambda *_: None).fit()
+    reference = final_weights(tmp_path / "single")
+    for name in ("bucketed", "zero1", "zero-torch", "fsdp"):
+        weights = final_weights(two_nodes / name)
+        assert weights.keys() == reference.keys(), name
+        for key in reference:
+            torch.testing.assert_close(weights[key], reference[key], rtol=1e-4, atol=1e-5, msg=f"{name} {key}")
+    for name in ("zero1", "zero-torch", "fsdp"):
+        saved = torch.load(_last(two_nodes / name) / "optimizer.pt", weights_only=True)
+        plain = torch.load(_last(tmp_path / "single") / "optimizer.pt", weights_only=True)
+        assert saved["state"].keys() == plain["state"].keys(), name
+        assert [g["params"] for g in saved["param_groups"]] == [g["params"] for g in plain["param_groups"]], name
+        for index, state in plain["state"].items():
+            torch.testing.assert_close(saved["state"][index]["exp_avg"], state["exp_avg"], rtol=1e-3, atol=1e-6)
+    for name in ("resumed-zero1", "resumed-fsdp"):  # the checkpoint format is the same whatever shards the state
+        straight, resumed = final_weights(two_nodes / "straight"), final_weights(two_nodes / name)
+        assert _last(two_nodes / name).name == "step_000004"
+        for key in straight:
+            torch.testing.assert_close(resumed[key], straight[key], rtol=1e-4, atol=1e-5, msg=f"{name} {key}")
+
+
+def _last(out: Path) -> Path:
+    return sorted((out / "checkpoints").glob("step_*"))[-1]
+
+
+@pytest.mark.xdist_group("launch_two_nodes")  # one worker runs the shared launch once
+def test_two_torchrun_nodes_meet_at_a_c10d_rendezvous_and_train_as_one_process(two_nodes):
+    """The bucketed variant's weights on both nodes equal one process trained on both nodes' rows."""
     reference = single_process_weights(2, 2)
     for rank in range(2):
-        weights = torch.load(tmp_path / f"node{rank}.pt", weights_only=True)
+        weights = torch.load(two_nodes / f"node{rank}.pt", weights_only=True)
         for name, tensor in reference.items():
             torch.testing.assert_close(weights[name], tensor, rtol=1e-5, atol=1e-6, msg=name)

@@ -217,18 +217,18 @@ def _cli_sweep(prepared, out: Path, budgets=("4e8", "8e8"), steps_flag=(), sizes
 def test_sweep_killed_mid_run_resumes_to_the_uninterrupted_rows(prepared, tmp_path):
     """kill -9 in the middle of a run (after a checkpoint), rerun: every row equals an uninterrupted sweep's."""
     sizes = ("1x16", "1x32")
-    command = _cli_sweep(prepared, tmp_path / "killed", budgets=("3e9",), steps_flag=("--checkpoint-every", "5"), sizes=sizes)
+    command = _cli_sweep(prepared, tmp_path / "killed", budgets=("1e9",), steps_flag=("--checkpoint-every", "5"), sizes=sizes)
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ONE_THREAD)
-    run = tmp_path / "killed" / "runs" / "c3e9-1x32"
+    run = tmp_path / "killed" / "runs" / "c1e9-1x32"
     deadline = time.monotonic() + 120
     while not list(run.glob("checkpoints/step_*")) and time.monotonic() < deadline and child.poll() is None:
         time.sleep(0.02)
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
-    assert list(run.glob("checkpoints/step_*")) and not (tmp_path / "killed" / "rows" / "c3e9-1x32.json").exists()  # killed mid-run
+    assert list(run.glob("checkpoints/step_*")) and not (tmp_path / "killed" / "rows" / "c1e9-1x32.json").exists()  # killed mid-run
     # the rerun and the reference run in this process: only the killed sweep needs a process of its own (saves two starts)
     assert main(command[3:]) == 0
-    assert main(_cli_sweep(prepared, tmp_path / "straight", budgets=("3e9",), sizes=sizes)[3:]) == 0
+    assert main(_cli_sweep(prepared, tmp_path / "straight", budgets=("1e9",), sizes=sizes)[3:]) == 0
     strip = [{k: v for k, v in row.items() if k != "seconds"} for row in read_rows(tmp_path / "killed")]
     assert strip == [{k: v for k, v in row.items() if k != "seconds"} for row in read_rows(tmp_path / "straight")]
     assert len(strip) == 2 and all(row["status"] == "finished" for row in strip)
