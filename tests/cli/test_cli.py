@@ -251,7 +251,7 @@ def test_cli_encode_decode_out_must_be_a_file_path(tmp_path, capsys, verb, input
 def test_ctrl_c_while_starting_up_is_one_line_and_exit_130(monkeypatch, capsys):
     import gptlab.cli.main as cli_main
 
-    def interrupted():
+    def interrupted(stage=None):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli_main, "build_parser", interrupted)

@@ -7,10 +7,6 @@ from __future__ import annotations
 
 import argparse
 
-# the loaders under the names gptlab.cli.eval imports them by
-from gptlab.align.model_folders import find_model as model_path  # noqa: F401
-from gptlab.align.model_folders import load_model as load_model_from  # noqa: F401
-from gptlab.align.model_folders import load_model_tokenizer  # noqa: F401
 from gptlab.runtime import GptlabError
 
 DEVICE_HELP = "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps (default auto)"
@@ -52,11 +48,12 @@ def load_draft(args: argparse.Namespace, model, tokenizer, device):
     """The --draft model on `device`, or None; one clear error for K < 1, a missing folder or another tokenizer."""
     if getattr(args, "draft", None) is None:
         return None
+    from gptlab.align.model_folders import load_model, load_model_tokenizer
     from gptlab.infer.speculative import check_draft
 
     if args.draft_tokens < 1:
         raise GptlabError(f"--draft-tokens must be at least 1, got {args.draft_tokens}")
-    draft, path = load_model_from(args.draft, device=device)
+    draft, path = load_model(args.draft, device=device)
     own, _ = load_model_tokenizer(args.draft, path, draft, None, required=False)
     if own is not None and own.fingerprint() != tokenizer.fingerprint():
         raise GptlabError(f"the draft {args.draft} was trained with another tokenizer (fingerprint {own.fingerprint()}, "
@@ -74,8 +71,10 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_for_decoding(args: argparse.Namespace):
     """(model, tokenizer, draft or None) as --checkpoint, --device, --quantize, --tokenizer and --draft ask."""
+    from gptlab.align.model_folders import load_model, load_model_tokenizer
+
     device = pick_device(args.device)
-    model, path = load_model_from(args.checkpoint, device=device)
+    model, path = load_model(args.checkpoint, device=device)
     model = quantize_loaded(model, args)
     tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
     return model, tokenizer, load_draft(args, model, tokenizer, device)

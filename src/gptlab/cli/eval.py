@@ -26,15 +26,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gptlab.cli.common import (
-    DEVICE_HELP,
-    add_quantize_argument,
-    load_model_from,
-    load_model_tokenizer,
-    model_path,
-    positive,
-    quantize_loaded,
-)
+from gptlab.cli.common import DEVICE_HELP, add_quantize_argument, positive, quantize_loaded
 from gptlab.runtime import GptlabError
 
 TASK_NAMES = ("hellaswag",)
@@ -104,6 +96,7 @@ def check_usage(args: argparse.Namespace) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from gptlab.align.model_folders import find_model, load_model, load_model_tokenizer
     from gptlab.data.match import check_tokenizer
     from gptlab.eval.output import claim_card_folder
     from gptlab.runtime.device import autocast, init_runtime, resolve_precision, shutdown_runtime
@@ -111,7 +104,7 @@ def run_eval(args: argparse.Namespace) -> int:
     check_usage(args)
     runtime = init_runtime(args.device)
     try:
-        path = model_path(args.checkpoint)
+        path = find_model(args.checkpoint)
         tokenizer, name = load_model_tokenizer(args.checkpoint, path, _config_only(path), args.tokenizer,
                                                required=bool(args.task or args.harness or args.data or args.suite or args.judge))
         if args.data:
@@ -120,7 +113,7 @@ def run_eval(args: argparse.Namespace) -> int:
         chat = chat_format(tokenizer, config)
         out = claim_card_folder(path, config, out=args.out, force=args.force) if config and runtime.is_main else None
         try:
-            model, _ = load_model_from(str(path), device=runtime.device)
+            model, _ = load_model(str(path), device=runtime.device)
             model = quantize_loaded(model, args).eval()
             context = autocast(runtime.device, resolve_precision(args.precision, runtime.device))
             say = print if runtime.is_main else (lambda line: None)

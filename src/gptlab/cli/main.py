@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 import signal
 import sys
 
@@ -32,38 +33,55 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> ArgumentParser:
+# Every stage: the module under gptlab.cli that builds its parser, and its line in `gptlab --help`
+STAGES = {
+    "tokenizer": ("tokenizer", "train, use, compare and view tokenizers (byte-level BPE, SentencePiece BPE)"),
+    "data": ("data", "corpora and token shards"),
+    "model": ("model", "inspect model configs: parameters, FLOPs, memory"),
+    "train": ("train", "train a GPT on prepared shards (resumes a run in --out)"),
+    "profile": ("profile", "time, trace and count a training step: phases, ops, memory, MFU"),
+    "sweep": ("sweep", "scaling-law sweep: model sizes x FLOP budgets, resumable, or a SLURM array"),
+    "fit": ("fit", "fit scaling laws to a sweep: IsoFLOP minima, power laws, L(N, D), predictions"),
+    "sft": ("sft", "fine-tune a model on conversations (chat format, loss on the assistant's tokens)"),
+    "dpo": ("dpo", "align a chat model with preference pairs (DPO, IPO)"),
+    "grpo": ("grpo", "reinforcement learning with verifiable rewards (GRPO, DAPO, Dr. GRPO, REINFORCE, expert iteration)"),
+    "ppo": ("ppo", "RLHF with PPO: a value model, a KL penalty to the start, clipped policy and value losses"),
+    "rm": ("rm", "train a reward model on preference pairs (Bradley-Terry)"),
+    "rm-score": ("rm", "score replies, or rank preference pairs, with a trained reward model"),
+    "run": ("run", "run the whole pipeline end to end (default: Shakespeare on this machine)"),
+    "runs": ("runs", "reports of training runs, and comparisons of several"),
+    "sample": ("sample", "generate text from a saved model"),
+    "chat": ("chat", "talk to a chat model (after `gptlab sft`) in the terminal"),
+    "serve": ("serve", "serve a model over an OpenAI-compatible HTTP API, with a web chat"),
+    "eval": ("eval", "evaluate a model: a report card (CORE, chat tasks, an LM judge), val bits per byte"),
+    "export": ("export", "write a model in another format (hf: a Hugging Face folder; gguf: llama.cpp, Ollama)"),
+}
+
+
+def build_parser(stage: str | None = None) -> ArgumentParser:
+    """The command line: every stage in full, or only `stage` in full and the others as their names and help lines
+    ("" for names only). A command builds its own stage alone, so it imports only what that stage needs:
+    `gptlab tokenizer encode` starts in a tenth of a second, without torch."""
     from gptlab import __version__
-    from gptlab.cli import (
-        chat,
-        data,
-        dpo,
-        export,
-        fit,
-        grpo,
-        model,
-        ppo,
-        profile,
-        rm,
-        run,
-        runs,
-        sample,
-        serve,
-        sft,
-        sweep,
-        tokenizer,
-        train,
-    )
-    from gptlab.cli import eval as eval_cli
 
     parser = ArgumentParser(prog="gptlab", description="Build a GPT language model from scratch.")
     parser.add_argument("--version", action="version", version=f"gptlab {__version__}")
     stages = parser.add_subparsers(dest="stage", metavar="STAGE", required=True, parser_class=ArgumentParser)
-    for module in (tokenizer, data, model, train, profile, sweep, fit, sft, dpo, grpo, ppo, rm, run, runs, sample, chat, serve, eval_cli, export):
-        module.register(stages)
+    full = {module for module, _ in STAGES.values()} if stage is None else {STAGES[stage][0]} if stage in STAGES else set()
+    for name, (module, line) in STAGES.items():
+        if module not in full:
+            stages.add_parser(name, help=line)
+        elif name not in stages.choices:  # a module may register more than one stage (rm: rm and rm-score)
+            importlib.import_module(f"gptlab.cli.{module}").register(stages)
     for name in THREADED:
-        add_threads_argument(stages.choices[name])
+        if STAGES[name][0] in full:
+            add_threads_argument(stages.choices[name])
     return parser
+
+
+def command_stage(argv: list[str]) -> str:
+    """The stage a command line names (its first word that is not an option), or "" when it names none."""
+    return next((word for word in argv if not word.startswith("-")), "")
 
 
 def _threads(text: str) -> str | int:
@@ -126,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
 def run_command(argv: list[str] | None) -> int:
     """Parse and run one command: its exit code, with user errors and Ctrl-C as one line each."""
     try:
-        parser = build_parser()  # imports torch and every stage: seconds in which a Ctrl-C is likely
-        args, extra = parser.parse_known_args(hyphenate(sys.argv[1:] if argv is None else list(argv)))
+        argv = hyphenate(sys.argv[1:] if argv is None else list(argv))
+        parser = build_parser(command_stage(argv))  # may import torch: seconds in which a Ctrl-C is likely
+        args, extra = parser.parse_known_args(argv)
     except KeyboardInterrupt:
         print("gptlab: interrupted", file=sys.stderr)
         return 130

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 
-from gptlab.align.model_folders import find_model
 from gptlab.cli.common import add_model_argument, positive
 from gptlab.runtime import GptlabError
 
@@ -44,6 +43,7 @@ def register(stages) -> None:
 
 
 def _read_config(spec: str):
+    from gptlab.align.model_folders import find_model
     from gptlab.model.hf import read_pretrained_config
 
     return read_pretrained_config(find_model(spec))

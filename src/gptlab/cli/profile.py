@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from gptlab.align.model_folders import find_model
 from gptlab.cli.common import DEVICE_HELP, add_model_argument
 
 DEFAULT_PRESET = "shakespeare-cpu"
@@ -48,6 +47,7 @@ def register(stages) -> None:
 
 def resolve_config(args: argparse.Namespace, device):
     """The ProfileConfig: the source's model and optimizer with the --model.* / --optimizer.* overrides, then the flags."""
+    from gptlab.align.model_folders import find_model
     from gptlab.model import PRESETS as MODEL_PRESETS
     from gptlab.model import preset
     from gptlab.model.hf import read_pretrained_config
