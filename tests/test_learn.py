@@ -7,7 +7,8 @@ Every block must exit 0; the snippets assert the claims they print. A block that
 command) is preceded by `<!-- not run: the reason -->`, and a marker without a reason fails.
 
 Commands that open the first bash block of several pages (SHARED_STARTS: the same tokenizer and shards) run once
-per session in an empty folder, and each of those pages starts from a copy of what they made.
+per session (per xdist worker: a few seconds, so the pages stay free to spread over the workers) in an empty folder,
+and each of those pages starts from a copy of what they made.
 
 The pages themselves are checked too: the index links every page, and every topic page has its explanation's
 companions, the sections "In gptlab", "Run it" and "Try this", with at least one block that runs.
@@ -37,14 +38,13 @@ FENCE = re.compile(r"^\s*```(\w*)\s*$")  # indented too: blocks inside list item
 NOT_RUN = re.compile(r"^<!--\s*not run\b:?\s*(.*?)\s*-->$")
 SECTIONS = ("In gptlab", "Run it", "Try this")
 # glibc hands every allocation over 32 MB (a GPT-2-vocabulary logits tensor) back to the OS when freed, so each eval
-# batch pays ~100k page faults again (7 of 13 s of `gptlab eval` on the evaluation page); the snippets keep it instead
+# batch pays ~100k page faults again (7 of 13 s of a `gptlab eval` of a GPT-2-vocabulary model); the snippets keep it instead
 KEEP_FREED_MEMORY = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 34)}
 # Lines that open the first bash block of more than one page, as written there (less a `> /dev/null`): each runs once
 # per session in an empty folder, as it would in a page's fresh workspace, and the pages start from a copy of its files
 SHARED_STARTS = (
     ("gptlab tokenizer train --corpus shakespeare --vocab-size 2048 --out tok/",
-     "gptlab data prepare shakespeare -t tok/ --out data/ --quiet"),  # accumulation, gpt2
-    ("gptlab data prepare shakespeare -t gpt2 --out data --val 0.1",),  # alignment, parallelism, scaling
+     "gptlab data prepare shakespeare -t tok/ --out data/ --quiet"),  # accumulation, alignment, evaluation, gpt2, parallelism
 )
 QUIET = " > /dev/null"
 
@@ -113,12 +113,6 @@ def shared_start(blocks: list[Block]) -> tuple[str, ...]:
     return next((start for start in SHARED_STARTS if lines[:len(start)] == start), ())
 
 
-def marks(page: Path) -> list[pytest.MarkDecorator]:
-    """Pages that open with the same shared start run on one xdist worker, which runs that start once for them all."""
-    start = shared_start(read_blocks(page))
-    return [pytest.mark.xdist_group(f"learn start {SHARED_STARTS.index(start)}")] if start else []
-
-
 @pytest.fixture(scope="session")
 def started() -> dict[tuple[str, ...], tuple[Path, int, str]]:
     """Each shared start once run: the folder it made, its exit status and output (filled by the first page to need it)."""
@@ -139,7 +133,7 @@ def run_shared_start(start: tuple[str, ...], started: dict, tmp_path_factory) ->
     return started[start]
 
 
-@pytest.mark.parametrize("page", [pytest.param(page, marks=marks(page)) for page in PAGES], ids=[page.stem for page in PAGES])
+@pytest.mark.parametrize("page", PAGES, ids=[page.stem for page in PAGES])
 def test_learn_page_snippets_run(page: Path, tmp_path: Path, started, tmp_path_factory) -> None:
     blocks = read_blocks(page)
     start = shared_start(blocks)
