@@ -60,3 +60,13 @@ assert "torch" not in sys.modules, "torch was imported"
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                             env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_an_unknown_flag_is_matched_against_the_commands_own_flags_only(prepared, capsys):
+    """`--precision` exists on other stages (and looks like the top-level `--version`): neither is suggested."""
+    from gptlab.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["tokenizer", "encode", "-t", str(prepared / "tokenizer"), "--precision", "fp32"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "unrecognized arguments: --precision" in err and "did you mean" not in err

@@ -151,7 +151,8 @@ def run_command(argv: list[str] | None) -> int:
         print("gptlab: interrupted", file=sys.stderr)
         return 130
     if extra and not getattr(args, "accepts_overrides", False):
-        parser.error(_unrecognized(parser, extra))
+        stage = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction)).choices[args.stage]
+        parser.error(_unrecognized(stage, extra))  # suggestions from the command's own flags
     args.overrides = extra
     try:
         if hasattr(args, "threads"):
