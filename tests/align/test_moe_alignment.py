@@ -54,7 +54,7 @@ def test_balance_loss_trains_the_router_under_dpo_and_the_reward_model(moe_chat_
     left out of the logged loss, which equals the run without it."""
     make, run = (dpo_config, quiet_dpo) if stage == "dpo" else (rm_config, quiet_rm)
     for aux, folder in moe_chat_models.items():
-        run(make(folder, tmp_path / str(aux), max_steps=1, eval_every=0, checkpoint_every=1))
+        run(make(folder, tmp_path / str(aux), max_steps=1, eval_every=0, checkpoint_every=1, grad_clip=0.0))
     on, off = first_record(tmp_path / str(AUX)), first_record(tmp_path / "0.0")
     assert on["loss"] == pytest.approx(off["loss"], rel=1e-6)
     assert on["moe_aux_loss"] == pytest.approx(AUX * sum(layer["balance"] for layer in on["moe_layers"]), rel=1e-4)
@@ -66,3 +66,17 @@ def test_balance_loss_trains_the_router_under_dpo_and_the_reward_model(moe_chat_
     assert all(not torch.allclose(a[name], b[name]) for name in routers)
     last = [name for name in experts if ".h.1." in name]  # the top layer's: the loss has no path through them
     assert len(last) == 2 and all(torch.equal(a[name], b[name]) for name in last)
+
+
+def test_sparse_layers_are_numbered_by_block_and_a_second_trunk_after_the_first():
+    """PPO's policy and a separate value model, both MoE: every sparse layer found, no number used twice."""
+    from gptlab.align.ppo import PolicyAndValue
+    from gptlab.align.scalar import ScalarModel
+    from gptlab.model import GPT, preset
+    from gptlab.train.moe_stats import sparse_layers
+
+    config = preset("moe-tiny", moe=MoEConfig(n_experts=4, top_k=2, first_dense=1))  # block 0 dense, block 1 sparse
+    policy, value = GPT(config), GPT(config)
+    assert sparse_layers(policy)[1] == [1]
+    layers, numbers = sparse_layers(PolicyAndValue(policy, ScalarModel(value)))
+    assert layers == policy.moe_layers() + value.moe_layers() and numbers == [1, 3]

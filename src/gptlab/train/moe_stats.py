@@ -24,10 +24,18 @@ from gptlab.model.moe import STAT_NAMES, MoE  # STAT_NAMES: pop_stats' scalars, 
 
 
 def sparse_layers(model: torch.nn.Module) -> tuple[list[MoE], list[int]]:
-    """Every sparse layer the run trains, with its block number: a GPT's, and a reward model's trunk or PPO's
-    policy and value model (wrappers around GPTs) too."""
-    found = [(name, module) for name, module in model.named_modules() if isinstance(module, MoE)]
-    return [module for _, module in found], [int(name.split(".h.")[-1].split(".")[0]) for name, _ in found]
+    """Every sparse layer the run trains, with its number for the metrics: a GPT's block number, found inside a
+    reward model's trunk or PPO's policy and value model too. A second trunk's layers (PPO's value model) are
+    numbered on after the first's, so no two layers share a number."""
+    layers, numbers, offsets = [], [], {}
+    for name, module in model.named_modules():
+        if isinstance(module, MoE):
+            trunk, _, block = name.rpartition(".h.")
+            if trunk not in offsets:
+                offsets[trunk] = max(numbers, default=-1) + 1
+            layers.append(module)
+            numbers.append(offsets[trunk] + int(block.split(".")[0]))
+    return layers, numbers
 
 
 def balance_loss(layers: list[MoE]) -> torch.Tensor | None:

@@ -215,8 +215,7 @@ class Trainer(PrepareMixin, ResumeMixin, MicroBatchMixin, HooksMixin):
             last = micro == self.accum - 1
             sync = no_sync(self.wrapped) if self.runtime.distributed and not last else nullcontext()
             with sync:
-                for layer in self.moe_layers:
-                    layer.aux_loss = None
+                self._forget_balance_losses()
                 loss = self._micro_loss(x, y, kwargs, weight)
                 loss, aux = self._with_balance_loss(loss, y, weight)
                 loss_sum += loss.detach()
@@ -231,6 +230,13 @@ class Trainer(PrepareMixin, ResumeMixin, MicroBatchMixin, HooksMixin):
         with self.cast:
             _, loss = self.wrapped(x, y, loss_reduction="mean" if weight is None else "sum", fused_loss=fused, **kwargs)
         return loss / self.accum if weight is None else loss * weight
+
+    def _forget_balance_losses(self) -> None:
+        """Before a micro-batch: no balance loss from an earlier forward may pass for this one's (_with_balance_loss)."""
+        for layer in self.moe_layers:
+            layer.aux_loss = None
+        if self.moe_layers and hasattr(self.model, "last_aux_loss"):
+            self.model.last_aux_loss = None
 
     def _with_balance_loss(self, loss: torch.Tensor, y: torch.Tensor, weight: float | None) -> tuple[torch.Tensor, torch.Tensor | float]:
         """The micro-batch's loss with the MoE balance losses, and their part of it, scaled as _micro_loss scales
