@@ -27,11 +27,20 @@ $(VENV)/.installed: $(VENV)/.torch pyproject.toml $(LOCK) $(NATIVE)
 
 # The dev extras hold llama-cpp-python, which compiles llama.cpp from source (a C++ compiler and cmake: on Debian
 # `apt-get install build-essential cmake`): the library alone, no examples, tests, tools or server, on every core.
-# Minutes, once: pip caches the wheel it builds.
-LLAMA_CMAKE_ARGS ?= -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
-$(VENV)/.installed-dev: $(VENV)/.torch pyproject.toml $(LOCK) $(NATIVE)
+# It is built for the x86-64 baseline with AVX2 (GGML_NATIVE=OFF), not for this machine's own instructions: built
+# natively on an Intel Xeon with AMX, llama.cpp's AMX kernels die at the first q8_0 decode (SIGSEGV), and a native
+# build is not safe on another CPU. pip's wheel cache is keyed on the source alone, not on CMAKE_ARGS, and would hand
+# back a wheel built with other flags, so this one package is built without it (minutes, once per environment).
+# A build for this CPU only: make install-dev LLAMA_CMAKE_ARGS="-DGGML_NATIVE=ON ..." (see docs/export.md first).
+LLAMA_SPEC := $(shell grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
+$(VENV)/.llama: $(VENV)/.torch pyproject.toml
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2) \
-		$(PIP) install -q -c $(LOCK) -e ".[dev]"
+		$(PIP) install -q --no-cache-dir --force-reinstall --no-deps "$(LLAMA_SPEC)"
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.torch $(VENV)/.llama pyproject.toml $(LOCK) $(NATIVE)
+	$(PIP) install -q -c $(LOCK) -e ".[dev]"
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed

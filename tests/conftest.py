@@ -27,6 +27,16 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s `--dist loadgroup`, with a scheduler that fails the test a crashed worker died on and goes on
+    (tests/xdist_crash.py); other --dist modes keep xdist's own."""
+    if config.getvalue("dist") == "loadgroup":
+        from tests.xdist_crash import CrashSafeLoadGroupScheduling
+
+        return CrashSafeLoadGroupScheduling(config, log)
+    return None
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """Under `--dist loadgroup`, give each test of an xdist_group the `@group` id suffix that sends the group to one
