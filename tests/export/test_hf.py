@@ -174,10 +174,53 @@ def test_cli_export_hf_chat_model_keeps_template_stop_token_and_replies(prepared
     prompt = ChatFormat(tokenizer).prompt(messages)
     assert hf_tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False) == prompt
     end = tokenizer.special_tokens[END]
-    assert theirs.generation_config.eos_token_id == end
+    assert theirs.generation_config.eos_token_id == [end, tokenizer.eot_id]
     (expected,) = generate(model, [prompt], SamplingConfig(max_new_tokens=16, temperature=0, stop_tokens=(end,)))
     reply = theirs.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, pad_token_id=end)[0, len(prompt):].tolist()
     assert reply[: reply.index(end) if end in reply else None] == expected
+
+
+def ending_at_end_of_turn(model: GPT, prompt: list[int], end: int) -> list[int]:
+    """Make the untied model's greedy reply to `prompt` end with <|end|> a few tokens in: swap the output rows of
+    <|end|> and of the first token it would emit that it had not emitted before (after the first). The inputs'
+    embeddings stay, so the tokens before it are unchanged. Returns the reply gptlab now gives, through <|end|>."""
+    (free,) = generate(model, [prompt], SamplingConfig(max_new_tokens=12, temperature=0))
+    assert end not in free
+    at = next((i for i in range(1, len(free)) if free[i] not in free[:i]), 0)
+    with torch.no_grad():
+        rows = model.lm_head.weight
+        rows[[end, free[at]]] = rows[[free[at], end]]
+    (reply,) = generate(model, [prompt], SamplingConfig(max_new_tokens=at + 5, temperature=0))
+    assert reply[:at] == free[:at] and reply[at] == end
+    return reply[: at + 1]
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_cli_export_hf_chat_model_stops_at_the_end_of_turn_with_eos_everywhere_agreeing(prepared, tmp_path, capsys, native):
+    tokenizer = add_chat_tokens(Tokenizer.load(prepared / "tokenizer"))
+    base = preset("gpt2-tiny", tie_embeddings=False) if native else RECIPE  # GPT2LMHeadModel, or our modeling code
+    model = ours(base, vocab_size=tokenizer.vocab_size, block_size=128)
+    prompt = ChatFormat(tokenizer).prompt([{"role": "user", "content": "What is 2+2?"}])
+    end, eot = tokenizer.special_tokens[END], tokenizer.eot_id
+    expected = ending_at_end_of_turn(model, prompt, end)
+    save_model(model, tmp_path / "model")
+    tokenizer.save(tmp_path / "model" / "tokenizer")
+    assert main(["export", "hf", str(tmp_path / "model"), str(tmp_path / "hf")]) == 0
+    capsys.readouterr()
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf", trust_remote_code=True)
+    config = transformers.AutoConfig.from_pretrained(tmp_path / "hf", trust_remote_code=True)
+    generation = transformers.GenerationConfig.from_pretrained(tmp_path / "hf")
+    assert hf_tokenizer.eos_token == END and hf_tokenizer.eos_token_id == config.eos_token_id == end
+    assert generation.eos_token_id == [end, eot] and generation.pad_token_id == eot
+    assert config.bos_token_id == generation.bos_token_id == hf_tokenizer.bos_token_id == eot
+    assert json.loads((tmp_path / "hf" / "special_tokens_map.json").read_text())["eos_token"] == END
+    assert hf_tokenizer.convert_ids_to_tokens(eot) in hf_tokenizer.all_special_tokens  # still special: decode skips it
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    assert hf_tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False) == prompt
+    theirs = load(tmp_path / "hf")
+    out = theirs.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          max_new_tokens=20, do_sample=False)[0, len(prompt):].tolist()
+    assert out == expected and len(out) < 20  # stopped at <|end|>, with no eos passed by hand
 
 
 def test_cli_export_hf_base_model_of_the_default_recipe(prepared, tmp_path, capsys):

@@ -32,6 +32,18 @@ def test_fit_command_writes_the_fit_its_summary_and_plots(swept, capsys):
     assert {k: v for k, v in again.items() if k != "results"} == {k: v for k, v in fit.items() if k != "results"}
 
 
+def test_fit_command_shows_progress_on_stderr_and_quiet_leaves_it_out(swept, tmp_path, capsys):
+    assert main(["fit", str(swept), "--samples", "4", "--out", str(tmp_path / "loud")]) == 0
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert lines[0].startswith("fit: 6 finished runs, 6 (budget, size) points over 2 budgets;")
+    assert "fit: parametric bootstrap 4/4 refits" in captured.err and lines[-1] == "fit: drawing the plots"
+    assert all(line.startswith("fit: ") for line in lines) and not any(line.startswith("fit: ") for line in captured.out.splitlines())
+    assert main(["fit", str(swept), "--samples", "4", "--out", str(tmp_path / "quiet"), "--quiet"]) == 0
+    quiet = capsys.readouterr()
+    assert quiet.err == "" and quiet.out.replace(str(tmp_path / "quiet"), "") == captured.out.replace(str(tmp_path / "loud"), "")
+
+
 def test_train_from_a_fit_of_a_known_law_trains_its_compute_optimal_tokens(prepared, tmp_path, capsys):
     """A sweep simulated from Epoch AI's law (budgets around the tiny models' sizes), fitted by `gptlab fit`, then
     `gptlab train --depth 1 --from-fit`: the run trains the law's own compute-optimal tokens for its N."""

@@ -210,6 +210,21 @@ def test_fit_results_ignores_and_counts_failed_rows():
     assert len(runs.params) == 15 and runs.params[0] == pytest.approx(0.8 * rows[0]["params"]["total"])
 
 
+def test_fit_results_reports_each_stage_and_the_bootstrap_count_and_the_same_fit_without_progress():
+    rows = sweep_rows()
+    lines: list[str] = []
+    fit = fit_results(rows, samples=23, progress=lines.append)
+    assert lines[0] == "fit: 15 finished runs, 15 (budget, size) points over 3 budgets; IsoFLOP power laws with 23 bootstrap resamples"
+    assert lines[1] == "fit: parametric L(N, D) (the longest stage)"
+    assert lines[2] == "fit: parametric L(N, D) fitted to 15 points; 23 bootstrap refits"
+    counts = [int(re.match(r"fit: parametric bootstrap (\d+)/23 refits \((\d+) usable\)$", line)[1]) for line in lines[3:-1]]
+    assert counts == [3, 6, 9, 12, 15, 18, 21, 23]  # every ceil(23 / 10) refits, and the last
+    assert lines[-1] == "fit: learning-rate rule with 23 bootstrap resamples"
+    usable = re.search(r"\((\d+) usable\)", lines[-2])[1]
+    assert int(usable) == fit["parametric"]["bootstrap_valid"]
+    assert fit_results(rows, samples=23) == fit
+
+
 def test_fit_results_is_json_ready(noisy):
     fit, _ = noisy
     plain = (dict, list, str, int, float, bool, type(None))

@@ -18,6 +18,7 @@ Not here: reading conversation files (gptlab.chat.data), batching for SFT
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -133,12 +134,14 @@ def check_messages(messages: Sequence[Message], *, for_generation: bool = False)
         raise GptlabError("the conversation has no assistant message: nothing to train on")
 
 
-def chat_template() -> str:
-    """A Jinja template for transformers' `apply_chat_template` that renders exactly as ChatFormat.render."""
-    # starts with the end-of-text token, the exports' eos_token (<|endoftext|>, or a SentencePiece model's </s>,
-    # whose bos_token <s> differs)
-    return (
-        "{{ eos_token }}"
+def chat_template(start: str | None = None) -> str:
+    """A Jinja template for transformers' `apply_chat_template` that renders exactly as ChatFormat.render.
+
+    It opens with the end-of-text token: `start`, its text, where the folder's eos_token is the end of a turn
+    (a Hugging Face export); else the eos_token (<|endoftext|>, or a SentencePiece model's </s>, whose bos_token
+    <s> differs), as a GGUF file's tokenizer has it."""
+    opening = "{{ eos_token }}" if start is None else "{{ " + json.dumps(start) + " }}"
+    return opening + (
         "{% for message in messages %}"
         "{{ '<|' + message['role'] + '|>' + message['content'] + '" + END + "' }}"
         "{% endfor %}"

@@ -6,12 +6,14 @@ power laws, Chinchilla's parametric L(N, D), all with bootstrap intervals, predi
     gptlab train --depth 6 --from-fit sweeps/mini/fit/fit.json --data DIR     train as the fit says
 
 Writes OUT/fit.json (read by --from-fit), OUT/fit.txt (the summary printed here), OUT/isoflops.png,
-OUT/power_laws.png and OUT/parametric.png.
+OUT/power_laws.png and OUT/parametric.png. Progress goes to stderr, a line per stage and per tenth of the
+parametric bootstrap (the longest stage); --quiet leaves it out.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 FIT_FILES = ("fit.json", "fit.txt", "isoflops.png", "power_laws.png", "parametric.png")
@@ -31,6 +33,7 @@ def register(stages) -> None:
     parser.add_argument("--loss", default="val_loss", choices=["val_loss", "train_loss", "val_bpb"], help="the loss fitted (default val_loss)")
     parser.add_argument("--samples", type=int, default=500, help="bootstrap resamples for the intervals (default 500: about 30 s for 12 runs)")
     parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.set_defaults(handler=run)
     take_negative_numbers(parser)
 
@@ -57,14 +60,22 @@ def run(args: argparse.Namespace) -> int:
     count = args.count or (counts.pop() if len(counts) == 1 else "total")
     budgets = [row.get("budget") for row in rows if row.get("status") == "finished" and isinstance(row.get("budget"), (int, float))]
     targets = given if given is not None else tuple(max(budgets) * f for f in (10, 1000)) if budgets else ()
-    fit = fit_results(rows, count=count, loss=args.loss, targets=targets, samples=args.samples, seed=args.seed)
+    fit = fit_results(rows, count=count, loss=args.loss, targets=targets, samples=args.samples, seed=args.seed,
+                      progress=None if args.quiet else _progress)
     fit["results"] = str(source)
     text = summary(fit)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "fit.json", json.dumps(fit, indent=1) + "\n")
     atomic_write_text(out / "fit.txt", text + "\n")
+    if not args.quiet:
+        _progress("fit: drawing the plots")
     drawn = [plots.plot_isoflops(fit, rows, out / "isoflops.png"), plots.plot_power_laws(fit, out / "power_laws.png"),
              plots.plot_parametric(fit, rows, out / "parametric.png")]
     print(text)
     print(f"wrote {out}: fit.json, fit.txt" + "".join(f", {path.name}" for path in drawn if path))
     return 0
+
+
+def _progress(line: str) -> None:
+    """A stage of the fit, on stderr so that stdout stays the summary."""
+    print(line, file=sys.stderr, flush=True)

@@ -5,7 +5,8 @@
 
 The folder is written beside OUT (`.OUT.tmp`) and swapped in, so OUT is the old export or the new one, never half of
 each. OUT must be new, empty, or an earlier export (only the files an export writes); with force an earlier export is
-replaced. A chat model (its tokenizer holds the chat tokens) carries its chat template, and <|end|> as its stop token.
+replaced. A chat model (its tokenizer holds the chat tokens) carries its chat template, and <|end|> as its eos in
+config.json and the tokenizer's files; generate stops at <|end|> or <|endoftext|> (generation_config.json).
 
 Not here: the weights' formats (gptlab.export.hf), the tokenizer's files (gptlab.tokenizer), finding the model a
 user names (gptlab.align.model_folders: export may not import train's run layout, so it takes the loaded model).
@@ -19,7 +20,7 @@ import shutil
 from pathlib import Path
 
 from gptlab.chat import CHAT_TOKENS, END, chat_template
-from gptlab.export.hf import HFExport, check_exportable, export_hf
+from gptlab.export.hf import HFExport, check_exportable, export_hf, set_eos_token
 from gptlab.model import GPT
 from gptlab.runtime import GptlabError, check_out_dir
 from gptlab.tokenizer import Tokenizer
@@ -42,11 +43,21 @@ def write_hf_folder(model: GPT, tokenizer: Tokenizer, out: str | os.PathLike, *,
     out = check_export_dir(out, force=force)
     check_exportable(model.config)
     chat = all(token in tokenizer.special_tokens for token in CHAT_TOKENS)  # a chat model: its template and stop token go along
+    eot = tokenizer.eot_id
+    eot_text = next((text for text, i in tokenizer.special_tokens.items() if i == eot), None)
+    if chat:  # the end of a turn is the eos; the end of text stops generation too, opens a conversation, and pads
+        end = tokenizer.special_tokens[END]
+        ids = {"eos_token_id": end, "bos_token_id": eot, "stop_token_ids": (end,) if eot is None else (end, eot), "pad_token_id": eot}
+    else:
+        ids = {"eos_token_id": eot, "pad_token_id": eot}
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        written = export_hf(model, tmp, eos_token_id=tokenizer.special_tokens[END] if chat else tokenizer.eot_id)
-        tokenizer.save_huggingface_dir(tmp, model_max_length=model.config.block_size, chat_template=chat_template() if chat else None)
+        written = export_hf(model, tmp, **ids)
+        template = chat_template(start=eot_text) if chat else None
+        tokenizer.save_huggingface_dir(tmp, model_max_length=model.config.block_size, chat_template=template)
+        if chat:
+            set_eos_token(tmp, END)
         if tokenizer.FILE_NAME == "tokenizer.model":  # as Llama folders: the SentencePiece model too, which gptlab reads back
             tokenizer.save(tmp)
     except BaseException:

@@ -479,15 +479,15 @@ def load_hf_gptlab(path: str | os.PathLike, *, device: str | torch.device = "cpu
     return _load_converted(config, read_hf_weights(path), gptlab_state_to_hf, gptlab_state_from_hf, f"weights in {path}", device)
 
 
-def export_hf(model: GPT, directory: str | os.PathLike, *, eos_token_id: int | None = None) -> Path:
+def export_hf(model: GPT, directory: str | os.PathLike, *, eos_token_id: int | None = None, bos_token_id: int | None = None) -> Path:
     """Write `directory` (config.json + model.safetensors) so `transformers.AutoModelForCausalLM` loads it.
 
     gpt2 -> GPT2LMHeadModel; llama -> LlamaForCausalLM, Qwen2ForCausalLM with qkv_bias (and bias False), or
     Qwen3ForCausalLM with qk_norm; a mixture of experts -> Qwen3MoeForCausalLM (qk_norm) or MixtralForCausalLM
     (gptlab.model.hf_moe), written with transformers' per-expert keys. Only models a
     transformers class computes (`native_architecture`); gptlab.export.export_hf writes any model.
-    `eos_token_id` (also written as bos, GPT-2's convention) is the tokenizer's business, so it is
-    left unset unless given. Weights first, config last: a directory with a config is complete.
+    `eos_token_id` (also written as bos unless `bos_token_id` is given, GPT-2's convention) is the tokenizer's
+    business, so it is left unset unless given. Weights first, config last: a directory with a config is complete.
     """
     config = model.config
     check_exportable(config)
@@ -502,7 +502,8 @@ def export_hf(model: GPT, directory: str | os.PathLike, *, eos_token_id: int | N
         if config.is_moe:
             hf_config = moe_config_to_hf(config, hf_config)
     dtype = next(model.parameters()).dtype
-    hf_config.update(bos_token_id=eos_token_id, eos_token_id=eos_token_id, torch_dtype=str(dtype).removeprefix("torch."))
+    hf_config.update(bos_token_id=eos_token_id if bos_token_id is None else bos_token_id, eos_token_id=eos_token_id,
+                     torch_dtype=str(dtype).removeprefix("torch."))
     # clones: safetensors refuses tensors that share memory (split views, the tied table)
     state = {name: tensor.detach().to("cpu").clone(memory_format=torch.contiguous_format) for name, tensor in state.items()}
     directory = Path(directory)

@@ -18,6 +18,24 @@ LABELS = {"loss": "train loss", "val_loss": "val loss", "val_bpb": "val bits per
           "tokens_per_s": "tokens/s", "mfu": "MFU (fraction of peak)", "lr": "learning rate", "grad_norm": "gradient norm",
           "moe_max_load": "max / mean expert load (worst layer)", "moe_aux_loss": "MoE balance losses in the loss"}
 TIME_UNITS = ((7200, 3600, "h"), (120, 60, "min"), (0, 1, "s"))  # (from this many seconds, divide by, unit)
+SUFFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))  # tokens and steps: 1.2M, not 1200000
+X_TICKS = 6  # at most this many labelled ticks on x: seven-digit labels on a 4.6-inch panel would touch
+
+
+def compact(value: float) -> str:
+    """A tick label short enough to stand beside its neighbours: 1200000 -> "1.2M", 2500 -> "2.5k", 180 -> "180"."""
+    for size, suffix in SUFFIXES:
+        if abs(value) >= size:
+            return f"{value / size:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def scientific(value: float) -> str:
+    """FLOPs as a tick label: 0 -> "0", 3e+15 -> "3e15", 1.25e+16 -> "1.25e16"."""
+    if value == 0:
+        return "0"
+    mantissa, exponent = f"{value:.2e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"
 
 
 def pyplot():
@@ -69,9 +87,18 @@ def draw(axis, runs: list[RunRecord], key: str, x: str = "step", *, label: str |
             axis.plot(xs, ys, style, label=label or run.name, linewidth=1.2, markersize=4)
             drawn.append((xs, ys))
     axis.set_xlabel(AXIS_LABELS[x] + (f" ({unit})" if unit else ""))
+    _x_ticks(axis, scientific if x == "flops" else compact)
     axis.set_ylabel(LABELS.get(key, key))
     axis.grid(alpha=0.3)
     return drawn
+
+
+def _x_ticks(axis, label) -> None:
+    """Few ticks at round values, each labelled by `label` (no offset text for the eye to combine)."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    axis.xaxis.set_major_locator(MaxNLocator(nbins=X_TICKS - 1, steps=[1, 2, 2.5, 5, 10]))
+    axis.xaxis.set_major_formatter(FuncFormatter(lambda value, _: label(value)))
 
 
 def zoom_past_start(axis, drawn: list[tuple]) -> None:

@@ -77,11 +77,29 @@ def _number(value) -> str:
 
 def _heading(run: RunRecord) -> str:
     command = f"gptlab {run.command}" if run.command else "a training run"
-    max_steps = (run.config or {}).get("max_steps")
     last = run.train[-1]["step"] if run.train else 0
-    progress = f"step {last:,} of {max_steps:,}" if isinstance(max_steps, int) else f"step {last:,}"
     return (f"<h1>{escape(run.name)}</h1>\n<p>{escape(command)} in <code>{escape(str(run.path.resolve()))}</code>, "
-            f"{escape(progress)}.</p>")
+            f"{escape(progress(run.config or {}, last, run.train[-1].get('elapsed') if run.train else None))}.</p>")
+
+
+def progress(config: dict, last: int, elapsed: float | None = None) -> str:
+    """How far the run is: "step 180 of 1,000", or for a time-limited run "step 180 (time limit 180 s)". A
+    time-limited run's max_steps is a ceiling (gptlab run sets 10**9), named only when the pace so far
+    (`elapsed` seconds for `last` steps) reaches it within the time limit: "step 180 of 200 (time limit 600 s)"."""
+    max_steps, time_limit = config.get("max_steps"), config.get("time_limit") or 0
+    of = f" of {max_steps:,}" if isinstance(max_steps, int) and not isinstance(max_steps, bool) else ""
+    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or time_limit <= 0:
+        return f"step {last:,}{of}"
+    reaches = bool(of and isinstance(elapsed, (int, float)) and elapsed > 0 and last / elapsed * time_limit >= max_steps)
+    return f"step {last:,}{of if reaches else ''} (time limit {_seconds(float(time_limit))})"
+
+
+def _seconds(seconds: float) -> str:
+    """180 -> "180 s", 600 -> "10 min", 5400 -> "90 min", 7200 -> "2 h": the unit a person would say the budget in."""
+    for size, unit in ((3600, "h"), (60, "min")):
+        if seconds >= 10 * 60 and seconds >= 2 * size and seconds % size == 0:
+            return f"{seconds / size:,.0f} {unit}"
+    return f"{seconds:,.0f} s" if seconds == int(seconds) else f"{seconds:,.1f} s"
 
 
 def _summary(run: RunRecord) -> str:
@@ -94,6 +112,12 @@ def _summary(run: RunRecord) -> str:
 def _curves(run: RunRecord) -> str:
     if not run.train:
         return "<h2>Curves</h2>\n" + _note("nothing logged yet")
+    figure, axes_names = curves_figure(run)
+    return "<h2>Curves</h2>\n" + image(png_bytes(figure), "loss and val bits per byte against " + ", ".join(axes_names))
+
+
+def curves_figure(run: RunRecord):
+    """(figure, x axes): loss and val bits per byte, a row of panels per x axis (FLOPs only with a model config)."""
     axes_names = [x for x in AXES if x != "flops" or run.flops_per_token() is not None]
     figure, axes = subplots(len(axes_names), len(CURVES))
     for row, x in zip(axes, axes_names):
@@ -105,7 +129,7 @@ def _curves(run: RunRecord) -> str:
         row[0].set_ylabel("loss")
         if not draw(row[1], [run], "val_bpb", x, label="val", marker="o-"):
             nothing_logged(row[1], "no val bits per byte logged")
-    return "<h2>Curves</h2>\n" + image(png_bytes(figure), "loss and val bits per byte against " + ", ".join(axes_names))
+    return figure, axes_names
 
 
 def _throughput(run: RunRecord) -> str:

@@ -20,7 +20,7 @@ re-exported here) words it. Not here: the formulas and optimisers (gptlab.scalin
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +47,14 @@ COUNTS = PARAM_CONVENTIONS  # conventions for N: Chinchilla's, Kaplan's, the wei
 LOSSES = ("val_loss", "train_loss", "val_bpb")
 MIN_RUNS = 5  # a parametric law has 5 parameters
 BOOTSTRAP_STARTS = 1  # best grid points per bootstrap refit, beside the full data's optimum (2 gave the same intervals, 1.5x slower)
+PROGRESS_STEPS = 10  # lines the parametric bootstrap, most of a fit's time, reports as it goes
+
+Progress = Callable[[str], None] | None  # told one line per stage of a fit, and the bootstrap's count as it goes
+
+
+def _say(progress: Progress, line: str) -> None:
+    if progress is not None:
+        progress(line)
 
 
 @dataclass(frozen=True)
@@ -233,20 +241,24 @@ def _law_row(law: ParametricLaw, targets) -> list[float]:
     return row
 
 
-def _refits(fitter: ParametricFitter, full: ParametricFit, targets, samples: int, rng) -> np.ndarray:
+def _refits(fitter: ParametricFitter, full: ParametricFit, targets, samples: int, rng, progress: Progress = None) -> np.ndarray:
     """Bootstrap rows (see _law_row) of the law refitted to runs drawn with replacement (as weights: a run drawn
     twice counts twice), from the full data's optimum and the best grid points; refits without exponents > 0 dropped."""
     count = len(fitter.log_losses)
     replicates = []
-    for _ in range(samples):
+    every = max(1, -(-samples // PROGRESS_STEPS))
+    for done in range(1, samples + 1):
         weights = np.bincount(rng.integers(0, count, count), minlength=count)
         law = fitter.fit(weights, starts=BOOTSTRAP_STARTS, extra_starts=[full.theta]).law
         if law.alpha > 0 and law.beta > 0 and np.isfinite([law.A, law.B, law.E]).all():
             replicates.append(_law_row(law, targets))
+        if done % every == 0 or done == samples:
+            _say(progress, f"fit: parametric bootstrap {done}/{samples} refits ({len(replicates)} usable)")
     return np.array(replicates).reshape(len(replicates), 7 + 3 * len(targets))
 
 
-def _approach_3(points: Runs, targets, samples, rng, delta: float) -> tuple[dict | None, list[dict | None], list[str]]:
+def _approach_3(points: Runs, targets, samples, rng, delta: float,
+                progress: Progress = None) -> tuple[dict | None, list[dict | None], list[str]]:
     """The parametric law L(N, D) with intervals, and its compute-optimal predictions at the targets."""
     if len(points.losses) < MIN_RUNS:
         return None, [None] * len(targets), [f"{len(points.losses)} (budget, size) points: the parametric law "
@@ -261,7 +273,8 @@ def _approach_3(points: Runs, targets, samples, rng, delta: float) -> tuple[dict
             return parametric, [None] * len(targets), [
                 f"the parametric fit has alpha = {full.law.alpha:.3g}, beta = {full.law.beta:.3g}: with an exponent <= 0 "
                 "there is no compute-optimal size; sweep sizes and budgets over a wider range"]
-        replicates = _refits(fitter, full, targets, samples, rng)
+        _say(progress, f"fit: parametric L(N, D) fitted to {len(points.losses)} points; {samples} bootstrap refits")
+        replicates = _refits(fitter, full, targets, samples, rng, progress)
     fitted = _law_row(full.law, targets)
     names = ("E", "A", "B", "alpha", "beta", "params_exponent", "tokens_exponent")
     parametric = {name: fitted[column] for column, name in enumerate(names)}
@@ -357,12 +370,13 @@ def _depth_dial(count: str, power_laws: dict | None, parametric: dict | None, lr
 
 
 def fit_results(rows: Sequence[dict], *, count: str = "total", loss: str = "val_loss", targets: Sequence[float] = (),
-                samples: int = 500, seed: int = 0, huber_delta: float = 1e-3) -> dict:
+                samples: int = 500, seed: int = 0, huber_delta: float = 1e-3, progress: Progress = None) -> dict:
     """The whole fit of a sweep's rows as a JSON-ready dict (format "gptlab-fit", version 1).
 
     Keys: isoflop (each budget's lowest run and parabola), power_laws (approach 2), parametric (approach 3),
     predictions (at each target budget, by both), lr (the learning-rate rule), depth_dial, notes. A part the data
     cannot support is None, with a note saying what to sweep; fewer than 5 finished runs is a GptlabError.
+    `progress`, when given, is told a line per stage (a fit of 500 resamples takes a minute or two).
     """
     targets = [float(target) for target in targets]
     if any(not target > 0 for target in targets) or samples < 0:
@@ -372,8 +386,12 @@ def fit_results(rows: Sequence[dict], *, count: str = "total", loss: str = "val_
     points = best_over_lrs(runs)
     curves = _curves(points)
     minima = [isoflop_minimum(budget, params, losses, tokens) for budget, params, tokens, losses in curves]
+    _say(progress, f"fit: {len(runs.losses)} finished runs, {len(points.losses)} (budget, size) points over {len(curves)} "
+                   f"budgets; IsoFLOP power laws with {samples} bootstrap resamples")
     power_laws, by_isoflop, isoflop_notes = _approach_2(curves, minima, targets, samples, rng)
-    parametric, by_parametric, parametric_notes = _approach_3(points, targets, samples, rng, huber_delta)
+    _say(progress, "fit: parametric L(N, D) (the longest stage)")
+    parametric, by_parametric, parametric_notes = _approach_3(points, targets, samples, rng, huber_delta, progress)
+    _say(progress, f"fit: learning-rate rule with {samples} bootstrap resamples")
     lr, lr_notes = _lr_rule(runs, samples, rng)
     largest = float(points.budgets.max())
     far = [f"target {target:.3g} extrapolates {np.log10(target / largest):.1f} decades beyond the largest budget run "
