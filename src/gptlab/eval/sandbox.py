@@ -53,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import secrets
 import select
 import shutil
 import signal
@@ -92,15 +93,20 @@ def run_program(source: str, *, timeout: float = 10.0, memory_mb: int = 512, pyt
         os.mkdir(folder, 0o700)
         program = os.path.join(folder, "program.py")
         Path(program).write_text(source, encoding="utf-8")
+        nonce = secrets.token_hex(16)  # the verdict's proof: the program never sees it (see sandbox_launcher)
         with open(os.path.join(root, "output"), "w+b") as output, open(os.path.join(root, "status"), "w+b") as status:
-            command = [interpreter, "-I", "-S", "-B", str(LAUNCHER), folder, program, str(status.fileno()),
-                       str(memory_mb), str(math.ceil(timeout) + 1), str(FILE_MB)]  # fmt: skip
-            started = time.monotonic()
-            returncode, timed_out = _run_contained(command, folder, status.fileno(), output, timeout)
-            seconds = time.monotonic() - started
+            nonce_fd = _nonce_pipe(nonce)
+            try:
+                command = [interpreter, "-I", "-S", "-B", str(LAUNCHER), folder, program, str(status.fileno()), str(nonce_fd),
+                           str(memory_mb), str(math.ceil(timeout) + 1), str(FILE_MB)]  # fmt: skip
+                started = time.monotonic()
+                returncode, timed_out = _run_contained(command, folder, (status.fileno(), nonce_fd), output, timeout)
+                seconds = time.monotonic() - started
+            finally:
+                os.close(nonce_fd)
             lines = _read_back(status, 64 * 1024).splitlines()
             text = _read_back(output, 4 * OUTPUT_CHARS)[-OUTPUT_CHARS:]
-    state = _classify(lines, returncode, timed_out, text)
+    state = _classify(lines, returncode, timed_out, text, nonce)
     return SandboxResult(passed=state == "passed", status=state, output=text, seconds=seconds)
 
 
@@ -139,7 +145,17 @@ def _check_options(timeout: float, memory_mb: int, python: str) -> str:
     return interpreter
 
 
-def _run_contained(command: list[str], folder: str, status_fd: int, output, timeout: float) -> tuple[int, bool]:
+def _nonce_pipe(nonce: str) -> int:
+    """The read end of a pipe that holds the nonce (32 bytes fit any pipe's buffer, so writing cannot block)."""
+    reader, writer = os.pipe()
+    try:
+        os.write(writer, nonce.encode("ascii"))
+    finally:
+        os.close(writer)
+    return reader
+
+
+def _run_contained(command: list[str], folder: str, inherited: tuple[int, ...], output, timeout: float) -> tuple[int, bool]:
     """Start the launcher in a new session, wait up to `timeout` seconds, then kill its whole process group.
     Returns (exit code, whether the wall clock ran out)."""
     environment = {
@@ -152,7 +168,7 @@ def _run_contained(command: list[str], folder: str, status_fd: int, output, time
     }
     process = subprocess.Popen(
         command, cwd=folder, env=environment, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
-        pass_fds=(status_fd,), start_new_session=True,
+        pass_fds=inherited, start_new_session=True,
     )  # fmt: skip
     timed_out = True
     try:
@@ -190,8 +206,9 @@ def _read_back(handle, limit: int) -> str:
     return handle.read().decode("utf-8", errors="replace")
 
 
-def _classify(lines: list[str], returncode: int, timed_out: bool, output: str) -> str:
-    """One status from the launcher's status lines, the exit code and the clock (see the module docstring)."""
+def _classify(lines: list[str], returncode: int, timed_out: bool, output: str, nonce: str) -> str:
+    """One status from the launcher's status lines, the exit code and the clock (see the module docstring). The
+    program can write any line but the verdict, so only "completed <nonce>" makes a pass; the others say why not."""
     if any(line.startswith("blocked") for line in lines):
         return "blocked"
     if timed_out or returncode == -signal.SIGXCPU:
@@ -200,7 +217,7 @@ def _classify(lines: list[str], returncode: int, timed_out: bool, output: str) -
         return "memory"
     if "started" not in lines:
         return "error"
-    if "completed" in lines and returncode == 0:
+    if f"completed {nonce}" in lines and returncode == 0:
         return "passed"
     if returncode < 0 and "MemoryError" in output:  # a native allocation failed where Python could not raise
         return "memory"
