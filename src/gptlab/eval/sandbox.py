@@ -4,9 +4,9 @@ a temporary folder of its own, and say whether it passed.
     run_program("def add(a, b):\\n    return a + b\\nassert add(1, 2) == 3\\n")
       -> SandboxResult(passed=True, status="passed", output="", seconds=0.04)
 
-Statuses: "passed" (ran to its last line, exit code 0, nothing refused), "failed" (an exception, a failed
-assert, a syntax error, a crash, or an early sys.exit()/os._exit(): a completion that exits before the tests
-run must not pass, as in OpenAI's human-eval), "timeout" (wall clock or CPU limit), "memory" (MemoryError),
+Statuses: "passed" (ran to its last line, exit code 0, nothing refused: a verdict the program cannot forge,
+see below), "failed" (an exception, a failed assert, a syntax error, a crash, or an early sys.exit()/os._exit():
+a completion that exits before the tests run must not pass, as in OpenAI's human-eval), "timeout" (wall clock or CPU limit), "memory" (MemoryError),
 "blocked" (the audit hook refused a call, even if the program caught the error and went on), "error" (the
 sandbox could not start the program). Only "passed" counts as passed.
 
@@ -17,7 +17,8 @@ people inside a container or VM. The layers, each with what it does not cover:
 1. A fresh folder per program, removed afterwards: the program file, the working directory, HOME and
    TMPDIR are there. The interpreter runs as `python -I -S -B` (no user or site packages, no PYTHON*
    variables, no bytecode written) in a minimal environment, with stdin empty, and all its descriptors
-   closed but stdout/stderr (a file outside the folder) and the launcher's status file.
+   closed but stdout/stderr (a file outside the folder), the launcher's status file and the verdict's
+   nonce pipe (closed by the launcher before the program starts).
    Not covered: reading. The program can read any file the user can (the stdlib must stay readable).
 2. Resource limits the launcher (gptlab.eval.sandbox_launcher) sets on itself before the program runs,
    soft and hard alike: address space (`memory_mb`), CPU seconds (timeout + 1), file size (16 MB, stdout
@@ -28,22 +29,38 @@ people inside a container or VM. The layers, each with what it does not cover:
    A process that left the group with setsid() would outlive it; only a fork can make one, see 3.
 3. A Python audit hook (PEP 578), installed before the program runs and impossible to remove, refuses:
    opening for writing, creating, removing, renaming, linking or changing attributes of anything outside
-   the folder (and opening a directory outside, which os.open's dir_fd could write through); sockets of
+   the folder, by name or through a descriptor (fchmod, fchown, futimens, ftruncate, fsetxattr, locks and
+   ioctls work on a read-only one: each is checked by the file the descriptor holds), mkfifo, mknod and
+   chroot (no audit event: replaced by a refusal), opening a directory outside (os.open's dir_fd could
+   write through it) and reading any process's /proc entries (its memory); tracing (a tracer can jump over
+   the tests' lines), audit hooks of the program's own and other threads' frames; sockets of
    any kind (so every network client: urllib, http, smtp); new processes (subprocess, os.system, os.exec*,
    os.fork, os.posix_spawn, pty, and `_posixsubprocess.fork_exec`, replaced by a refusal); ctypes and
    sqlite extensions (native code); os.kill of other processes, os.killpg, os.pidfd_open (replaced
    by a refusal, as signal.pidfd_send_signal has no event of its own); raising resource limits;
    gc's object walks (a path to the hook's state); sub-interpreters (they start without the hook).
-   A refused call raises PermissionError in the program and marks the result "blocked".
+   A refused call raises PermissionError in the program and marks the result "blocked". The hook's own
+   checks call only functions bound when it was made, so patching os, os.path or builtins cannot fool it.
    Not covered: this is Python-level. Native extension code calls the OS directly (only the stdlib is
    importable here, and its native paths that skip audit events, e.g. dbm.gnu opening its file, are not
    covered); a program that digs through frames to the launcher's objects can undo Python-level state;
-   a path checked and then swapped by another thread (a symlink race) is not caught; os.open(path, dir_fd=fd)
+   a path checked and then swapped by another thread (a symlink race), or a path-like object whose
+   __fspath__ answers differently each time it is asked, is not caught; os.open(path, dir_fd=fd)
    is checked as if path were relative to the working directory, as its audit event does not carry fd
    (directories outside cannot be opened, so fd lies inside, but a `..` climbing out of it is missed).
    asyncio cannot run (its event loop makes a socket pair).
 4. A network namespace of its own (unshare(CLONE_NEWNET), with a user namespace when not root), so even
    native code finds no network, not even loopback. Skipped quietly where the kernel or container forbids it.
+
+The verdict. A program shares its process with the launcher, so anything the launcher writes it can write too
+(its descriptors are easy to guess), and a policy trained on code rewards would learn to print "completed" and
+exit. So only one line means a pass, "completed <nonce>", with a fresh random nonce per run that the program
+never sees: the parent hands it over a pipe that the launcher reads and closes before the program starts, into
+the constants of a small code object that itertools.starmap runs after the program (only if it raised nothing and
+the hook refused nothing), chained in C so that no frame, local or global the program can reach holds it. The
+hook refuses the ways left to read it (tracing, audit hooks, other threads' frames, gc's walks, /proc/PID/mem,
+ctypes). Not covered: the tests themselves run in the program's module, so a completion can still weaken them
+from inside (define a name the tests use, return an object equal to everything).
 
 Not here: building the programs from tasks and replies (gptlab.eval.code_tasks), pass@k (gptlab.eval.stats).
 """
