@@ -128,9 +128,11 @@ def test_run_program_blocks_changes_outside_its_folder(tmp_path, attempt):
         "os.chmod(os.path.dirname(KEEP), 0o700)",
         "os.link(KEEP, 'hard.txt', follow_symlinks=False)",
         "os.path.realpath = lambda path, **_: os.getcwd() + '/x'; os.lstat = None; open(NEW, 'w')",  # patching the hook's helpers
+        # a fresh posix module from its saved copy would hold the real mkfifo
+        "import _imp, importlib.machinery; _imp.create_builtin(importlib.machinery.ModuleSpec('posix', None)).mkfifo(NEW)",
     ],
     ids=["mkfifo", "mknod", "fchmod", "chmod-fd", "utime-fd", "utime", "fchown", "fsetxattr", "truncate", "flock", "lockf",
-         "ioctl", "chmod-dir", "link-nofollow", "patched-realpath"],
+         "ioctl", "chmod-dir", "link-nofollow", "patched-realpath", "posix-copy"],
 )  # fmt: skip
 def test_run_program_blocks_changes_outside_its_folder_by_name_or_descriptor(tmp_path, attempt):
     outside = tmp_path / "outside"

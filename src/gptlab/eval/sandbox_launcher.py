@@ -50,7 +50,7 @@ REFUSED_EVENTS = frozenset(
         "cpython.PyInterpreterState_New",  # a sub-interpreter starts without this hook
         "sqlite3.enable_load_extension", "webbrowser.open",
         # raised by the launcher's stand-ins (disarm_unaudited_calls)
-        "_posixsubprocess.fork_exec", "os.pidfd_open", "os.mkfifo", "os.mknod", "os.chroot",
+        "_posixsubprocess.fork_exec", "os.pidfd_open", "os.mkfifo", "os.mknod", "os.chroot", "_imp.create_builtin",
     }
 )  # fmt: skip
 # Whole families: sockets (and so every network client), ctypes (native calls), syslog (a host socket).
@@ -251,8 +251,9 @@ def make_hook(folder: str, status_fd: int, refusals: list):
 def disarm_unaudited_calls() -> None:
     """Some calls reach other processes or the filesystem without an audit event: `_posixsubprocess.fork_exec`
     (what subprocess uses to start one), `os.pidfd_open` (whose descriptor signal.pidfd_send_signal can kill with),
-    `os.mkfifo`, `os.mknod` and `os.chroot`. Load them now, while imports are free, and put refusals in their place
+    `os.mkfifo`, `os.mknod`, `os.chroot`, and `_imp.create_builtin` (a second posix). Load them now, while imports are free, and put refusals in their place
     (holding no reference to the real ones); subprocess itself still imports, and Popen is refused by its own event."""
+    import _imp
     import _posixsubprocess
 
     def refusal(name: str):
@@ -263,6 +264,14 @@ def disarm_unaudited_calls() -> None:
         return refused
 
     _posixsubprocess.fork_exec = refusal("_posixsubprocess.fork_exec")
+    # _imp.create_builtin("posix") would make a fresh posix from its saved copy, the real functions in it: import
+    # every built-in module now, so that no import needs it again, and refuse it.
+    for name in sys.builtin_module_names:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    _imp.create_builtin = refusal("_imp.create_builtin")
     for name in ("pidfd_open", "mkfifo", "mknod", "chroot"):
         if hasattr(posix, name):
             setattr(posix, name, refusal(f"os.{name}"))
