@@ -110,6 +110,35 @@ def test_run_program_blocks_changes_outside_its_folder(tmp_path, attempt):
     assert keep.read_text() == "keep"
 
 
+# A str subclass whose methods run inside the audit hook, walk its frames and closures, and point the folder the
+# hook guards at the whole filesystem; then a plain write outside.
+ROOT_REWRITTEN = """
+import sys
+def rewrite(value, depth=0):
+    for cell in (getattr(value, "__closure__", None) or ()) if depth < 4 else ():
+        try:
+            if cell.cell_contents == os.path.realpath(os.getcwd()):
+                cell.cell_contents = ""  # every real path starts with "" + "/"
+            rewrite(cell.cell_contents, depth + 1)
+        except ValueError:
+            pass
+class Evil(str):
+    def startswith(self, *args):
+        frame = sys._getframe(1)
+        while frame is not None:
+            for value in list(frame.f_locals.values()):
+                rewrite(value)
+            frame = frame.f_back
+        return str.startswith(self, *args)
+    __hash__, __eq__ = str.__hash__, str.__eq__
+try:
+    open(Evil(NEW), "w")
+except PermissionError:
+    pass
+open(NEW, "w").write("x")
+"""
+
+
 @pytest.mark.parametrize(
     "attempt",
     [
@@ -130,9 +159,10 @@ def test_run_program_blocks_changes_outside_its_folder(tmp_path, attempt):
         "os.path.realpath = lambda path, **_: os.getcwd() + '/x'; os.lstat = None; open(NEW, 'w')",  # patching the hook's helpers
         # a fresh posix module from its saved copy would hold the real mkfifo
         "import _imp, importlib.machinery; _imp.create_builtin(importlib.machinery.ModuleSpec('posix', None)).mkfifo(NEW)",
+        ROOT_REWRITTEN,
     ],
     ids=["mkfifo", "mknod", "fchmod", "chmod-fd", "utime-fd", "utime", "fchown", "fsetxattr", "truncate", "flock", "lockf",
-         "ioctl", "chmod-dir", "link-nofollow", "patched-realpath", "posix-copy"],
+         "ioctl", "chmod-dir", "link-nofollow", "patched-realpath", "posix-copy", "str-subclass-in-the-hook"],
 )  # fmt: skip
 def test_run_program_blocks_changes_outside_its_folder_by_name_or_descriptor(tmp_path, attempt):
     outside = tmp_path / "outside"

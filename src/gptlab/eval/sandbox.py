@@ -30,7 +30,8 @@ people inside a container or VM. The layers, each with what it does not cover:
 3. A Python audit hook (PEP 578), installed before the program runs and impossible to remove, refuses:
    opening for writing, creating, removing, renaming, linking or changing attributes of anything outside
    the folder, by name or through a descriptor (fchmod, fchown, futimens, ftruncate, fsetxattr, locks and
-   ioctls work on a read-only one: each is checked by the file the descriptor holds), mkfifo, mknod and
+   ioctls work on a read-only one: each is checked by the file the descriptor holds, as /proc/self/fd
+   names it; where there is no /proc, every such change is refused), mkfifo, mknod and
    chroot (no audit event: replaced by a refusal), opening a directory outside (os.open's dir_fd could
    write through it) and reading any process's /proc entries (its memory); tracing (a tracer can jump over
    the tests' lines), audit hooks of the program's own and other threads' frames; sockets of
@@ -40,12 +41,13 @@ people inside a container or VM. The layers, each with what it does not cover:
    by a refusal, as signal.pidfd_send_signal has no event of its own); raising resource limits;
    gc's object walks (a path to the hook's state); sub-interpreters (they start without the hook).
    A refused call raises PermissionError in the program and marks the result "blocked". The hook's own
-   checks call only functions bound when it was made, so patching os, os.path or builtins cannot fool it.
+   checks call only functions bound when it was made, so patching os, os.path or builtins cannot fool it,
+   and read arguments as exact str, bytes or int, so no code of the program's (a str subclass's methods)
+   runs inside it, where its frames and closures could be reached and changed.
    Not covered: this is Python-level. Native extension code calls the OS directly (only the stdlib is
    importable here, and its native paths that skip audit events, e.g. dbm.gnu opening its file, are not
    covered); a program that digs through frames to the launcher's objects can undo Python-level state;
-   a path checked and then swapped by another thread (a symlink race), or a path-like object whose
-   __fspath__ answers differently each time it is asked, is not caught; os.open(path, dir_fd=fd)
+   a path checked and then swapped by another thread (a symlink race) is not caught; os.open(path, dir_fd=fd)
    is checked as if path were relative to the working directory, as its audit event does not carry fd
    (directories outside cannot be opened, so fd lies inside, but a `..` climbing out of it is missed).
    asyncio cannot run (its event loop makes a socket pair).

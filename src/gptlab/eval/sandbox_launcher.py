@@ -46,6 +46,7 @@ REFUSED_EVENTS = frozenset(
         "gc.get_objects", "gc.get_referrers", "gc.get_referents",  # ways to reach this hook's state
         "sys._current_frames", "sys._current_exceptions",  # other threads' frames (the verdict's, as it runs)
         "sys.settrace", "sys.setprofile",  # a tracer can jump over a test's lines and sees every frame
+        "sys._settraceallthreads", "sys._setprofileallthreads", "sys.monitoring.register_callback",  # the same (3.12+)
         "sys.addaudithook",  # a hook of the program's would see every event's arguments (the verdict's code)
         "cpython.PyInterpreterState_New",  # a sub-interpreter starts without this hook
         "sqlite3.enable_load_extension", "webbrowser.open",
@@ -149,25 +150,42 @@ def make_real_path():
 
 def make_hook(folder: str, status_fd: int, refusals: list):
     """The audit hook: refuse what the program may not do, tell the parent once that it tried, and keep the
-    refusal in `refusals` (the verdict reads it). Everything it calls is bound here, so a program that patches os,
-    os.path, builtins or this module's globals does not change its answers."""
-    real_path, readlink, stat, fspath, write, getpid = make_real_path(), posix.readlink, posix.stat, posix.fspath, posix.write, posix.getpid
+    refusal in `refusals` (the verdict reads it).
+
+    No code of the program's may run inside it: it calls only functions bound here (C functions, methods of
+    immutable types), so patching os, os.path, builtins or this module's globals changes nothing, and it reads
+    arguments as exact str, bytes or int (a subclass's methods, even isinstance's look-up of __class__, could run
+    the program's code with this hook's frame below it). One closure on purpose: methods of a class the program
+    can reach through this module could be replaced."""
+    real_path, readlink, stat, write, getpid = make_real_path(), posix.readlink, posix.stat, posix.write, posix.getpid
     refused_events, refused_prefixes, refused_imports, written_paths = REFUSED_EVENTS, REFUSED_PREFIXES, REFUSED_IMPORTS, WRITTEN_PATHS
     write_flags, file_type, directory, encoding = WRITE_FLAGS, FILE_TYPE, DIRECTORY, sys.getfilesystemencoding()
-    is_instance, text, denied, errors = isinstance, str, PermissionError, (OSError, TypeError, ValueError, AttributeError)
+    type_of, subclass, as_str, as_bytes, as_int = type, issubclass, str.__str__, bytes.__bytes__, int.__int__
+    denied, errors = PermissionError, (OSError, TypeError, ValueError, AttributeError, IndexError)
     root = real_path(folder)
+
+    def plain(value):
+        """The argument as an exact str, bytes or int (a subclass copied by its base type's own C method)."""
+        kind = type_of(value)
+        if kind is str or kind is bytes or kind is int:
+            return value
+        for base, copy in ((str, as_str), (bytes, as_bytes), (int, as_int)):
+            if subclass(kind, base):
+                return copy(value)
+        raise TypeError("not a path or a descriptor")  # a path-like object is converted before its event: refused
 
     def inside(path) -> bool:
         return path is not None and (path == root or path.startswith(root + "/"))
 
     def text_path(path) -> str:
-        path = fspath(path)
-        return path.decode(encoding, "surrogateescape") if is_instance(path, bytes) else path
+        path = plain(path)
+        return path.decode(encoding, "surrogateescape") if type_of(path) is bytes else path
 
     def resolve(path, dir_fd=None, follow_last=True) -> str | None:
         """The real absolute path a call would touch (a descriptor: the file it holds), or None when it cannot be told."""
         try:
-            if is_instance(path, int):
+            path, dir_fd = plain(path), None if dir_fd is None else plain(dir_fd)
+            if type_of(path) is int:
                 return readlink(f"/proc/self/fd/{path}")  # the kernel's own path of the open file (Linux)
             path = text_path(path)
             if dir_fd is not None and dir_fd >= 0 and not path.startswith("/"):  # audit events give -1 for no dir_fd
@@ -178,7 +196,8 @@ def make_hook(folder: str, status_fd: int, refusals: list):
 
     def changes_inside(path, dir_fd=None) -> bool:
         """Whether a change to `path` stays inside: both the name itself (a symlink's own entry) and what it leads to."""
-        return inside(resolve(path, dir_fd)) and (is_instance(path, int) or inside(resolve(path, dir_fd, follow_last=False)))
+        descriptor = subclass(type_of(path), int)
+        return inside(resolve(path, dir_fd)) and (descriptor or inside(resolve(path, dir_fd, follow_last=False)))
 
     def refuse(event: str):
         if not refusals:
@@ -191,10 +210,12 @@ def make_hook(folder: str, status_fd: int, refusals: list):
 
     def written(event: str, args: tuple) -> bool:
         """Whether a path-changing event stays inside the folder."""
-        if event == "sqlite3.connect" and text(args[0]) in (":memory:", ""):
-            return True
-        if event == "sqlite3.connect" and text(args[0]).startswith("file:"):
-            return False  # a URI names its file after options this hook does not parse
+        if event == "sqlite3.connect":
+            database = text_path(args[0])
+            if database in (":memory:", ""):
+                return True
+            if database.startswith("file:"):
+                return False  # a URI names its file after options this hook does not parse
         for path_at, dir_fd_at in written_paths[event]:
             if not changes_inside(args[path_at], args[dir_fd_at] if dir_fd_at is not None and dir_fd_at < len(args) else None):
                 return False
@@ -204,14 +225,12 @@ def make_hook(folder: str, status_fd: int, refusals: list):
         """Whether an open is allowed: anything inside; outside, a read-only open of a file (a directory would serve
         as dir_fd for os.open, which "open" does not carry), never a process's /proc entries (its memory)."""
         path, _mode, flags = args
-        if is_instance(path, int):
+        if subclass(type_of(path), int):
             return True  # a descriptor it already holds
         real = resolve(path)
-        if changes_inside(path):
+        if changes_inside(path) or real == "/dev/null":
             return True
-        if real == "/dev/null":
-            return True
-        if real is None or flags & write_flags or (real.startswith("/proc/") and real.split("/")[2].isdigit()):
+        if real is None or plain(flags) & write_flags or (real.startswith("/proc/") and real.split("/")[2].isdigit()):
             return False
         try:
             return (stat(real).st_mode & file_type) != directory
@@ -223,24 +242,26 @@ def make_hook(folder: str, status_fd: int, refusals: list):
         if event in refused_events or event.startswith(refused_prefixes):
             return event
         if event == "open":
-            return None if opened(args) else f"open {resolve(args[0]) or repr(args[0])}"
+            return None if opened(args) else f"open {resolve(args[0]) or 'of a path it cannot read'}"
         if event == "os.symlink":
             source, target, dir_fd = args
             link, named = resolve(target, dir_fd, follow_last=False), text_path(source)
             leads_to = named if named.startswith("/") or link is None else link.rsplit("/", 1)[0] + "/" + named
             return None if inside(link) and inside(resolve(leads_to)) else event
+        if event == "shutil.rmtree" and not subclass(type_of(args[0]), (str, bytes)):
+            return None  # a path-like object: each removal it makes is an event of its own
         if event in written_paths:
             return None if written(event, args) else event
-        if event == "os.kill" and args[0] != getpid():
+        if event == "os.kill" and plain(args[0]) != getpid():
             return event
-        if event == "import" and args[0] in refused_imports:
-            return f"import {args[0]}"
+        if event == "import" and plain(args[0]) in refused_imports:
+            return f"import {plain(args[0])}"
         return None
 
     def hook(event: str, args: tuple) -> None:
         try:
             refused = refusal(event, args)
-        except errors:  # arguments it cannot read (a path-like object that raises): refused
+        except errors:  # arguments it cannot read: refused
             refused = event
         if refused:
             refuse(refused)
