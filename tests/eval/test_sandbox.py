@@ -160,9 +160,13 @@ open(NEW, "w").write("x")
         # a fresh posix module from its saved copy would hold the real mkfifo
         "import _imp, importlib.machinery; _imp.create_builtin(importlib.machinery.ModuleSpec('posix', None)).mkfifo(NEW)",
         ROOT_REWRITTEN,
+        # os.stat_result's attributes are patchable: a directory outside reported as a file would serve as dir_fd
+        "os.stat_result.st_mode = property(lambda status: 0o100644)\nfd = os.open(os.path.dirname(KEEP), os.O_RDONLY)\n"
+        "os.open('new.txt', os.O_CREAT | os.O_WRONLY, dir_fd=fd)",
     ],
     ids=["mkfifo", "mknod", "fchmod", "chmod-fd", "utime-fd", "utime", "fchown", "fsetxattr", "truncate", "flock", "lockf",
-         "ioctl", "chmod-dir", "link-nofollow", "patched-realpath", "posix-copy", "str-subclass-in-the-hook"],
+         "ioctl", "chmod-dir", "link-nofollow", "patched-realpath", "posix-copy", "str-subclass-in-the-hook",
+         "patched-stat-result"],
 )  # fmt: skip
 def test_run_program_blocks_changes_outside_its_folder_by_name_or_descriptor(tmp_path, attempt):
     outside = tmp_path / "outside"

@@ -116,6 +116,7 @@ def make_real_path():
     """os.path.realpath built from C functions bound now: a program that patches os.lstat or os.readlink (which
     posixpath calls through the os module) must not change what the hook believes a path names."""
     lstat, readlink, getcwd, kinds = posix.lstat, posix.readlink, posix.getcwd, (FILE_TYPE, SYMLINK)
+    item = tuple.__getitem__  # st_mode is item 0: os.stat_result's attributes can be patched, tuple's C method cannot
 
     def real_path(path: str, follow_last: bool = True) -> str:
         """The absolute path with `.`, `..` and symlinks resolved (the last one only if follow_last); a missing
@@ -131,7 +132,7 @@ def make_real_path():
                 continue
             here = "/" + "/".join(parts + [part])
             try:
-                is_link = (lstat(here).st_mode & kinds[0]) == kinds[1] and (follow_last or pending)
+                is_link = (item(lstat(here), 0) & kinds[0]) == kinds[1] and (follow_last or pending)
             except OSError:
                 is_link = False
             if not is_link:
@@ -160,7 +161,7 @@ def make_hook(folder: str, status_fd: int, refusals: list):
     real_path, readlink, stat, write, getpid = make_real_path(), posix.readlink, posix.stat, posix.write, posix.getpid
     refused_events, refused_prefixes, refused_imports, written_paths = REFUSED_EVENTS, REFUSED_PREFIXES, REFUSED_IMPORTS, WRITTEN_PATHS
     write_flags, file_type, directory, encoding = WRITE_FLAGS, FILE_TYPE, DIRECTORY, sys.getfilesystemencoding()
-    type_of, subclass, as_str, as_bytes, as_int = type, issubclass, str.__str__, bytes.__bytes__, int.__int__
+    type_of, subclass, as_str, as_bytes, as_int, item = type, issubclass, str.__str__, bytes.__bytes__, int.__int__, tuple.__getitem__
     denied, errors = PermissionError, (OSError, TypeError, ValueError, AttributeError, IndexError)
     root = real_path(folder)
 
@@ -233,7 +234,7 @@ def make_hook(folder: str, status_fd: int, refusals: list):
         if real is None or plain(flags) & write_flags or (real.startswith("/proc/") and real.split("/")[2].isdigit()):
             return False
         try:
-            return (stat(real).st_mode & file_type) != directory
+            return (item(stat(real), 0) & file_type) != directory  # st_mode, as in make_real_path
         except errors:
             return True  # a missing file: the open fails on its own
 
