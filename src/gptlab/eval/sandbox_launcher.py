@@ -273,8 +273,9 @@ def make_hook(folder: str, status_fd: int, refusals: list):
 def disarm_unaudited_calls() -> None:
     """Some calls reach other processes or the filesystem without an audit event: `_posixsubprocess.fork_exec`
     (what subprocess uses to start one), `os.pidfd_open` (whose descriptor signal.pidfd_send_signal can kill with),
-    `os.mkfifo`, `os.mknod`, `os.chroot`, and `_imp.create_builtin` (a second posix). Load them now, while imports are free, and put refusals in their place
-    (holding no reference to the real ones); subprocess itself still imports, and Popen is refused by its own event."""
+    `os.mkfifo`, `os.mknod`, `os.chroot`, and `_imp.create_builtin` (a second posix). Load them now, while
+    imports are free, and put refusals in their place (holding no reference to the real ones); subprocess itself
+    still imports, and Popen is refused by its own event."""
     import _imp
     import _posixsubprocess
 
