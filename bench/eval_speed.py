@@ -12,8 +12,8 @@ lm_eval.models.huggingface.HFLM. The questions are real 5-shot MMLU (a seeded sa
 - letters: lm-eval's MMLU form, "question\\nA. ...\\nD. ...\\nAnswer:" then " A" .. " D". Every continuation is one
   token and lm-eval already runs a question's four requests as one (its logits cache for one-token continuations),
   so here gptlab gains only from packing and from computing the output layer at 4 positions instead of all.
-  (lm-eval's own MMLU task also opens with a subject line and takes its shots from the question's subject; here
-  both sides get gptlab's prompts, so that they score identical texts.)
+  As lm-eval's own MMLU task, the prompt opens with the subject's description and the shots are the first five
+  of the question's subject's dev set.
 - cloze: "Question: ...\\nAnswer:" then each choice's text, as ARC and HellaSwag are asked: several tokens per
   continuation, so lm-eval runs the 5-shot context once per choice and gptlab once per question.
 
@@ -47,7 +47,7 @@ from machine import REPO_ROOT, header
 from scipy.stats import mannwhitneyu
 
 from gptlab.eval.packing import plan_rows
-from gptlab.eval.tasks.core import CORE_TASKS, TaskSpec, choose_fewshot, encode_group, evaluate_task, record_id, render_requests
+from gptlab.eval.tasks.core import CORE_TASKS, TaskSpec, build_fewshot_pool, choose_shots, encode_group, evaluate_task, render_requests
 from gptlab.eval.tasks.sources import load_task_records
 from gptlab.model.hf import from_pretrained
 from gptlab.runtime import GptlabError, atomic_write_text
@@ -132,10 +132,10 @@ def as_cloze(record: dict) -> dict:
 
 def render_questions(spec: TaskSpec, records: list[dict], pool: list[dict]) -> list[list[tuple[str, str]]]:
     """Each question's (context, continuation) texts, with the shots evaluate_task draws for it (same seed)."""
-    pool_ids = {record_id(record, j): j for j, record in enumerate(pool)}
+    fewshot = build_fewshot_pool(spec, records, pool)
     questions = []
     for index, record in enumerate(records):
-        picked = choose_fewshot(spec.name, index, record_id(record, index), len(pool), spec.shots, SEED, pool_ids)
+        picked = choose_shots(spec, fewshot, records, index, spec.shots, SEED)
         questions.append(render_requests(spec, record, [pool[j] for j in picked]))
     return questions
 

@@ -13,12 +13,18 @@ from gptlab.tokenizer.pretrained import load_pretrained
 
 DEV = {
     "astronomy": [("What is the Sun?", "A planet", "A star", "A moon", "A comet", "B"),
-                  ("Which planet is largest?", "Mars", "Earth", "Jupiter", "Venus", "C")],
+                  ("Which planet is largest?", "Mars", "Earth", "Jupiter", "Venus", "C"),
+                  ("Which planet has rings?", "Saturn", "Mercury", "Mars", "Venus", "A"),
+                  ("What is a light year?", "A time", "A mass", "A speed", "A distance", "D"),
+                  ("Which is nearest the Sun?", "Earth", "Mercury", "Mars", "Pluto", "B")],
     "biology": [("What do plants take in?", "Carbon dioxide", "Helium", "Neon", "Argon", "A"),
                 ("Where is DNA kept?", "In the skin", "In the nucleus", "In the hair", "In the blood only", "B")],
     "chemistry": [("What is H2O?", "Salt", "Air", "Gold", "Water", "D"),
-                  ("What is NaCl?", "Table salt", "Sugar", "Sand", "Iron", "A")],
-}
+                  ("What is NaCl?", "Table salt", "Sugar", "Sand", "Iron", "A"),
+                  ("What is the pH of pure water?", "1", "7", "14", "0", "B"),
+                  ("Which is a noble gas?", "Oxygen", "Nitrogen", "Argon", "Hydrogen", "C"),
+                  ("What is CO2?", "Carbon dioxide", "Water", "Salt", "Ozone", "A")],
+}  # 5 dev questions for each tested subject: MMLU's shots come from the question's own subject
 TEST = {
     "astronomy": [("How many moons has Earth?", "None", "One", "Two", "Three", "B"),
                   ("What orbits the Earth?", "The Sun", "Mars", "The Moon", "Venus", "C")],
@@ -81,6 +87,10 @@ def test_bench_eval_speed_cloze_prompts_carry_the_choice_texts_and_the_letters_p
         assert [continuation for _, continuation in lettered] == [" A", " B", " C", " D"]
         assert texts[0][0].endswith(f"Question: {record['question']}\nAnswer:")
         assert texts[0][0].count("\n\n") == 5  # five shots, each followed by the example delimiter
+        subject = record["subject"]
+        assert lettered[0][0].startswith(f"The following are multiple choice questions (with answers) about {subject}.\n\n")
+        assert lettered[0][0].count("\n\n") == 6  # the subject's description, then its five dev questions
+        assert [line for line in lettered[0][0].split("\n") if line.endswith("?")][:5] == [row[0] for row in DEV[subject]]
 
 
 def test_bench_eval_speed_token_counts_follow_from_the_request_lengths(bench):

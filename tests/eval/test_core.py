@@ -6,6 +6,7 @@ the aggregate against hand computations on scripted log-likelihoods. lm-eval par
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,6 +154,85 @@ def test_fewshot_choice_from_a_separate_pool_skips_a_record_with_the_question_id
     assert choose_fewshot("mmlu", 0, "q0", 6, 6, 1, pool_ids) != []  # q0 is not in the pool: all six may be used
     with pytest.raises(GptlabError, match="7 shots need 7 examples besides each question, but the few-shot pool has 5"):
         choose_fewshot("mmlu", 7, "q7", 6, 7, 1, pool_ids)
+
+
+MMLU_SUBJECTS = ("anatomy", "college_physics", "world_religions")
+
+
+def write_mmlu_folder(folder, dev: int = 6, test: int = 4):
+    """MMLU's CSV layout (dev/SUBJECT_dev.csv, test/SUBJECT_test.csv, no header), `dev` and `test` rows per subject."""
+    import csv
+
+    for split, n in (("dev", dev), ("test", test)):
+        (folder / split).mkdir(parents=True)
+        for subject in MMLU_SUBJECTS:
+            with open(folder / split / f"{subject}_{split}.csv", "w", newline="", encoding="utf-8") as handle:
+                csv.writer(handle).writerows([f"{subject} {split} question {i}?", "w", "x", "y", "z", "ABCD"[i % 4]] for i in range(n))
+    return folder
+
+
+def test_mmlu_shots_are_the_first_five_of_the_questions_own_subject_dev_set(tmp_path, model, monkeypatch):
+    from gptlab.eval.tasks.sources import load_task_records
+
+    data = load_task_records("mmlu", source=write_mmlu_folder(tmp_path / "mmlu"))
+    assert len(data.records) == 12 and len(data.fewshot_pool) == 18  # every subject's dev set in one pool
+    for seed in (1, 2):
+        monkeypatch.setattr(core, "score_groups", scripted([[-1.0, -2.0, -3.0, -4.0]] * 12))
+        _, examples = evaluate_task(model, "mmlu", data.records, encode, fewshot_pool=data.fewshot_pool, seed=seed)
+        for example in examples:
+            subject = example["id"].split("/")[1]
+            assert example["fewshot_ids"] == [f"mmlu/{subject}/dev/{line}" for line in range(1, 6)]  # in file order
+
+
+def test_mmlu_shots_from_the_records_themselves_share_the_subject_and_are_never_the_question():
+    spec = CORE_TASKS["mmlu"]
+    records = [{"query": f"{s} {i}?\nAnswer:", "choices": list("ABCD"), "gold": 0, "subject": s, "id": f"{s}/{i}"}
+               for s in MMLU_SUBJECTS for i in range(7)]
+    pool = core.build_fewshot_pool(spec, records, None)
+    for seed in (1, 2):
+        for index, record in enumerate(records):
+            picked = core.choose_shots(spec, pool, records, index, 5, seed)
+            assert len(set(picked)) == 5 and index not in picked
+            assert {records[j]["subject"] for j in picked} == {record["subject"]}
+    seeded = [core.choose_shots(spec, pool, records, i, 5, 1) for i in range(len(records))]
+    assert seeded != [core.choose_shots(spec, pool, records, i, 5, 2) for i in range(len(records))]  # a seeded draw
+    with pytest.raises(GptlabError, match="mmlu: 7 shots need 7 examples of 'anatomy' besides each question, .* has 6"):
+        evaluate_task(None, spec, records, encode, shots=7)
+
+
+def test_mmlu_prompt_equals_lm_evals_mmlu_task_on_a_dataset_made_here(tmp_path):
+    """lm-eval 0.4's mmlu/default template, one task per subject as its _generate_configs.py writes them, built on
+    JSON files written here: its few-shot context for each question is the text gptlab renders."""
+    import lm_eval
+    import yaml
+    from lm_eval.api.task import ConfigurableTask
+
+    from gptlab.eval.tasks.native import convert_mmlu
+
+    rows = {split: [{"question": f" {s} {split} question {i}?", "subject": s, "choices": [f"w{i}", "x", "y", "z"], "answer": i % 4}
+                    for s in MMLU_SUBJECTS for i in range(6 if split == "dev" else 3)] for split in ("dev", "test")}
+    records = {split: [{**convert_mmlu(row, split), "id": f"{split}{j}"} for j, row in enumerate(rows[split])] for split in rows}
+    spec = CORE_TASKS["mmlu"]
+    pool = core.build_fewshot_pool(spec, records["test"], records["dev"])
+    template = yaml.safe_load((Path(lm_eval.__file__).parent / "tasks/mmlu/default/_default_template_yaml").read_text())
+    for subject in MMLU_SUBJECTS:
+        files = {}
+        for split in rows:  # cais/mmlu's per-subject configs: the subject's own rows only
+            files[split] = tmp_path / f"{subject}_{split}.json"
+            files[split].write_text("".join(json.dumps(row) + "\n" for row in rows[split] if row["subject"] == subject))
+        description = f"The following are multiple choice questions (with answers) about {' '.join(subject.split('_'))}.\n\n"
+        theirs = ConfigurableTask(config={**template, "task": f"mmlu_{subject}", "dataset_path": "json", "description": description,
+                                          "dataset_kwargs": {"data_files": {k: str(v) for k, v in files.items()},
+                                                             "cache_dir": str(tmp_path / "cache")}})
+        docs = list(theirs.test_docs())
+        questions = [(i, r) for i, r in enumerate(records["test"]) if r["subject"] == subject]
+        assert len(docs) == len(questions) == 3
+        for doc, (index, record) in zip(docs, questions):
+            for shots in (0, 5):
+                picked = core.choose_shots(spec, pool, records["test"], index, shots, seed=1234) if shots else []
+                context = theirs.fewshot_context(doc, num_fewshot=shots)
+                expected = [(context, " " + choice) for choice in theirs.doc_to_choice(doc)]
+                assert render_requests(spec, record, [records["dev"][j] for j in picked]) == expected
 
 
 def test_evaluate_task_saves_the_fewshot_ids_it_rendered(model, monkeypatch):

@@ -110,6 +110,179 @@ def test_run_program_blocks_changes_outside_its_folder(tmp_path, attempt):
     assert keep.read_text() == "keep"
 
 
+# A str subclass whose methods run inside the audit hook, walk its frames and closures, and point the folder the
+# hook guards at the whole filesystem; then a plain write outside.
+ROOT_REWRITTEN = """
+import sys
+def rewrite(value, depth=0):
+    for cell in (getattr(value, "__closure__", None) or ()) if depth < 4 else ():
+        try:
+            if cell.cell_contents == os.path.realpath(os.getcwd()):
+                cell.cell_contents = ""  # every real path starts with "" + "/"
+            rewrite(cell.cell_contents, depth + 1)
+        except ValueError:
+            pass
+class Evil(str):
+    def startswith(self, *args):
+        frame = sys._getframe(1)
+        while frame is not None:
+            for value in list(frame.f_locals.values()):
+                rewrite(value)
+            frame = frame.f_back
+        return str.startswith(self, *args)
+    __hash__, __eq__ = str.__hash__, str.__eq__
+try:
+    open(Evil(NEW), "w")
+except PermissionError:
+    pass
+open(NEW, "w").write("x")
+"""
+
+
+@pytest.mark.parametrize(
+    "attempt",
+    [
+        "os.mkfifo(NEW)",
+        "os.mknod(NEW)",
+        "os.fchmod(os.open(KEEP, os.O_RDONLY), 0o777)",
+        "os.chmod(os.open(KEEP, os.O_RDONLY), 0o777)",
+        "os.utime(os.open(KEEP, os.O_RDONLY), (0, 0))",
+        "os.utime(KEEP, (0, 0))",
+        "os.fchown(os.open(KEEP, os.O_RDONLY), os.getuid(), os.getgid())",
+        "os.setxattr(os.open(KEEP, os.O_RDONLY), 'user.gptlab', b'x')",
+        "os.truncate(KEEP, 0)",
+        "import fcntl; fcntl.flock(os.open(KEEP, os.O_RDONLY), fcntl.LOCK_EX)",
+        "os.lockf(os.open(KEEP, os.O_RDONLY), os.F_TEST, 0)",
+        "import fcntl; fcntl.ioctl(os.open(KEEP, os.O_RDONLY), 0x40086602, b'\\0' * 8)",  # FS_IOC_SETFLAGS
+        "os.chmod(os.path.dirname(KEEP), 0o700)",
+        "os.link(KEEP, 'hard.txt', follow_symlinks=False)",
+        "os.path.realpath = lambda path, **_: os.getcwd() + '/x'; os.lstat = None; open(NEW, 'w')",  # patching the hook's helpers
+        # a fresh posix module from its saved copy would hold the real mkfifo
+        "import _imp, importlib.machinery; _imp.create_builtin(importlib.machinery.ModuleSpec('posix', None)).mkfifo(NEW)",
+        ROOT_REWRITTEN,
+        # os.stat_result's attributes are patchable: a directory outside reported as a file would serve as dir_fd
+        "os.stat_result.st_mode = property(lambda status: 0o100644)\nfd = os.open(os.path.dirname(KEEP), os.O_RDONLY)\n"
+        "os.open('new.txt', os.O_CREAT | os.O_WRONLY, dir_fd=fd)",
+    ],
+    ids=["mkfifo", "mknod", "fchmod", "chmod-fd", "utime-fd", "utime", "fchown", "fsetxattr", "truncate", "flock", "lockf",
+         "ioctl", "chmod-dir", "link-nofollow", "patched-realpath", "posix-copy", "str-subclass-in-the-hook",
+         "patched-stat-result"],
+)  # fmt: skip
+def test_run_program_blocks_changes_outside_its_folder_by_name_or_descriptor(tmp_path, attempt):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    keep, new = outside / "keep.txt", outside / "new.txt"
+    keep.write_text("keep")
+    os.chmod(keep, 0o640)
+    os.utime(keep, ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))
+
+    def state() -> tuple:
+        return os.stat(outside).st_mode, os.stat(keep).st_mode, os.stat(keep).st_mtime_ns, os.stat(keep).st_uid, os.stat(keep).st_gid
+
+    before = state()
+    result = run(f"import os\nKEEP, NEW = {str(keep)!r}, {str(new)!r}\n{attempt}\n")
+    assert (result.status, result.passed) == ("blocked", False)
+    assert sorted(path.name for path in outside.iterdir()) == ["keep.txt"]
+    assert keep.read_text() == "keep"
+    assert state() == before
+    assert os.listxattr(keep) == []
+
+
+def test_run_program_blocks_truncating_its_own_output_through_the_inherited_descriptor():
+    result = run("import os\nprint('kept', flush=True)\nos.ftruncate(1, 0)\n")
+    assert (result.status, result.passed) == ("blocked", False)
+    assert result.output.startswith("kept\n")
+
+
+def test_run_program_still_changes_its_own_files_by_descriptor():
+    result = run(
+        """
+        import fcntl, os
+        fd = os.open("mine.txt", os.O_CREAT | os.O_RDWR)
+        os.write(fd, b"abc")
+        os.ftruncate(fd, 1)
+        os.fchmod(fd, 0o600)
+        os.utime(fd, (0, 0))
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert os.pread(fd, 8, 0) == b"a" and os.stat("mine.txt").st_mtime == 0
+        """
+    )
+    assert (result.status, result.passed) == ("passed", True)
+
+
+# Each forgery tries to score a pass without its tests passing: the last line, a failing assert, is the tests.
+FORGERIES = {
+    "status-fd-then-exit": "for fd in range(64):\n    try:\n        os.write(fd, b'started\\ncompleted\\n')\n    except OSError:\n"
+                           "        pass\nos._exit(0)\n",
+    "marker-on-stdout-stderr": "print('completed', flush=True)\nprint('completed', file=sys.stderr, flush=True)\nos._exit(0)\n",
+    "exit-0-early": "sys.exit(0)\n",
+    "system-exit-in-tests": "def add(a, b):\n    raise SystemExit(0)\nassert add(1, 2) == 3\n",
+    "swallowed-system-exit": "import atexit\natexit.register(os._exit, 0)\nraise SystemExit(0)\n",
+    # every hex string reachable from the program's frames, the launcher's globals and closures, as a verdict
+    "frames-hunted-for-the-nonce": textwrap.dedent(
+        """
+        import re
+        seen, found = set(), set()
+        def scan(value, depth=0):
+            if id(value) in seen or depth > 4:
+                return
+            seen.add(id(value))
+            if isinstance(value, (str, bytes)):
+                found.update(re.findall(r"[0-9a-f]{32}", value.decode("latin-1") if isinstance(value, bytes) else value))
+            for child in (value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()):
+                scan(child, depth + 1)
+            for name in ("co_consts", "__closure__", "__globals__", "__code__", "__defaults__", "f_locals", "f_globals", "f_code"):
+                scan(getattr(value, name, None) or (), depth + 1)
+            for cell in getattr(value, "__closure__", None) or ():
+                scan(cell.cell_contents, depth + 1)
+        frame = sys._getframe()
+        while frame is not None:
+            scan(frame)
+            frame = frame.f_back
+        scan(os.pidfd_open)
+        for nonce in found:
+            for fd in range(64):
+                try:
+                    os.write(fd, f"completed {nonce}\\n".encode())
+                except OSError:
+                    pass
+        os._exit(0)
+        """
+    ),
+    # the launcher's own functions, reached through its frames, asked to report a completion
+    "launcher-status-called": "frame = sys._getframe()\nwhile 'status' not in frame.f_locals:\n    frame = frame.f_back\n"
+                              "frame.f_locals['status']('completed')\nos._exit(0)\n",
+    "launcher-write-patched": "real = os.write\nos.write = lambda fd, data: real(fd, b'completed\\n')\nposix = __import__('posix')\n"
+                              "posix.write = os.write\nos._exit = lambda code: None\n",
+    "tracer-skips-the-tests": "import linecache\ndef skip(frame, event, arg):\n"
+                              "    if event == 'line' and linecache.getline(frame.f_code.co_filename, frame.f_lineno).startswith('assert'):\n"
+                              "        frame.f_lineno += 1\n    return skip\ntry:\n    sys.settrace(skip)\n"
+                              "    sys._getframe().f_trace = skip\nexcept PermissionError:\n    pass\n",
+    "own-audit-hook": "sys.addaudithook(lambda event, args: print(event, args, flush=True))\n",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("forgery", list(FORGERIES.values()), ids=list(FORGERIES))
+def test_run_program_fails_a_program_that_forges_a_pass(forgery):
+    result = run(f"import os, sys\n{forgery}\nassert os.getpid() < 0, 'the tests'\nended = True\n")  # not folded away
+    assert result.passed is False
+    assert result.status in ("failed", "blocked")
+
+
+def test_run_program_still_passes_a_program_whose_library_reads_frames():
+    # namedtuple, Enum and typing read their caller's frame (sys._getframe): that stays allowed
+    result = run(
+        """
+        import collections, enum, sys, typing
+        Point = collections.namedtuple("Point", "x y")
+        Colour = enum.Enum("Colour", "RED GREEN")
+        T = typing.TypeVar("T")
+        assert Point(1, 2).x == 1 and Colour.RED.value == 1 and sys._getframe().f_back is not None
+        """
+    )
+    assert (result.status, result.passed) == ("passed", True)
+
+
 def test_run_program_blocks_the_network_and_the_server_sees_no_connection():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
         server.bind(("127.0.0.1", 0))

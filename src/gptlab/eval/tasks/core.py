@@ -36,7 +36,11 @@ tokens every choice shares (its common prefix), so on choices that begin alike t
 The card row carries the spec's metric (CORE's: acc_per_token, or exact); every metric is in the per-example
 records. Few-shot examples are drawn for question i with random.Random(f"{seed}/{task}/{i}") from the task's
 few-shot pool (its train/dev records when given, else the other evaluated records), so a run is reproducible
-on any machine and rank; the chosen ids are saved with each example. Under torch.distributed, rank r scores
+on any machine and rank; the chosen ids are saved with each example. A task with a few-shot group draws only
+from its question's group, and may take a separate pool's first ones in order: MMLU, as lm-eval and Hendrycks
+et al., gives each question the first 5 dev questions of its own subject, after the subject's description
+
+    The following are multiple choice questions (with answers) about college physics.\n\n<shot>\n\n...<question> Under torch.distributed, rank r scores
 questions r, r + world, ...; counts are summed and per-example records gathered, so every rank returns the same.
 
 Not here: reading datasets (gptlab.eval.tasks.sources), the card and the centred mean (gptlab.eval.card),
@@ -89,6 +93,16 @@ class TaskSpec:
     metric: str = ""  # the card's metric; "" = CORE's (acc_per_token, or exact for language modelling)
     continuation_delimiter: str = " "
     example_delimiter: str = "\n\n"
+    fewshot_group: str = ""  # a record field every shot shares with its question ("subject": MMLU's per-subject dev sets)
+    first_shots: bool = False  # a separate few-shot pool gives its first shots, in order (lm-eval's first_n sampler)
+    description: str = ""  # text before the shots (lm-eval's description); "{group}" is the question's group, "_" as " "
+
+    def header(self, record: dict) -> str:
+        """The description for this question: "The following are ... about college physics.\n\n" (none without a group)."""
+        group = str(record.get(self.fewshot_group) or "") if self.fewshot_group else ""
+        if not self.description or (self.fewshot_group and not group):
+            return ""
+        return self.description.format(group=group.replace("_", " "))
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -107,6 +121,8 @@ class TaskSpec:
 # give them, the values nanochat's base_eval reads from the eval bundle's core.yaml and eval_meta_data.csv.
 # MMLU is DCLM's mmlu_fewshot (5 shots); it is not one of CORE's 22 tasks. DCLM's "\nAnswer: " delimiter of
 # ARC, PIQA, BoolQ and MMLU is in the records' query ("...\nAnswer:"), so every delimiter here is " ".
+# MMLU's prompt is lm-eval's mmlu/default (and Hendrycks et al.'s evaluate.py): the subject's description, then
+# the first 5 questions of the question's own subject's dev set, in order (_generate_configs.py, sampler first_n).
 CORE_TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
     TaskSpec(name="arc_easy", kind="multiple_choice", shots=10, chance=0.25),
     TaskSpec(name="arc_challenge", kind="multiple_choice", shots=10, chance=0.25),
@@ -118,7 +134,8 @@ CORE_TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
     TaskSpec(name="openbookqa", kind="multiple_choice", shots=0, chance=0.25),
     TaskSpec(name="commonsense_qa", kind="multiple_choice", shots=10, chance=0.20),
     TaskSpec(name="lambada", kind="language_modeling", shots=0, chance=0.0),
-    TaskSpec(name="mmlu", kind="multiple_choice", shots=5, chance=0.25),
+    TaskSpec(name="mmlu", kind="multiple_choice", shots=5, chance=0.25, fewshot_group="subject", first_shots=True,
+             description="The following are multiple choice questions (with answers) about {group}.\n\n"),
 )}
 
 
@@ -186,12 +203,12 @@ def demonstration(spec: TaskSpec, record: dict) -> str:
 
 
 def render_requests(spec: TaskSpec, record: dict, shots: Sequence[dict] = ()) -> list[tuple[str, str]]:
-    """(context text, continuation text) per choice: the shots' demonstrations, then the question.
+    """(context text, continuation text) per choice: the task's description, the shots' demonstrations, then the question.
 
     The delimiter's text before its trailing whitespace joins the context ("\nAnswer: " puts "\nAnswer:" there),
     so only the answer is scored, as in DCLM and nanochat; for " " the requests are (query, " " + choice).
     """
-    prefix = "".join(demonstration(spec, shot) + spec.example_delimiter for shot in shots)
+    prefix = spec.header(record) + "".join(demonstration(spec, shot) + spec.example_delimiter for shot in shots)
     head = spec.continuation_delimiter.rstrip()
     tail = spec.continuation_delimiter[len(head):]
     if spec.kind == "multiple_choice":
@@ -230,20 +247,57 @@ def encode_group(encode: Encode, texts: Sequence[tuple[str, str]]) -> list[tuple
 
 
 def choose_fewshot(task: str, index: int, own_id: str, pool_size: int, shots: int, seed: int,
-                   pool_ids: Mapping[str, int] | None = None) -> list[int]:
+                   pool_ids: Mapping[str, int] | None = None, *, candidates: Sequence[int] | None = None,
+                   first: bool = False, group: str = "") -> list[int]:
     """Positions in the few-shot pool of question `index`'s shots: seeded by (seed, task, index), never itself.
 
     pool_ids None: the pool is the evaluated records, and position `index` is the question. Else the question
-    is left out of its pool when an id matches. random.Random seeds from a string through SHA-512, not hash(),
-    so the choice is the same in every process and on every machine.
+    is left out of its pool when an id matches. `candidates`: the positions allowed (those of the question's
+    `group`, in pool order; default all); `first`: the first `shots` of them, else a seeded draw. random.Random
+    seeds from a string through SHA-512, not hash(), so the choice is the same in every process and on every machine.
     """
     own = index if pool_ids is None else pool_ids.get(own_id)
-    available = pool_size - (own is not None)
+    allowed = None if candidates is None else [position for position in candidates if position != own]
+    available = pool_size - (own is not None) if allowed is None else len(allowed)
     if shots > available:
-        raise GptlabError(f"{task}: {shots} shots need {shots} examples besides each question, but the few-shot pool "
+        among = f" of {group!r}" if group else ""
+        raise GptlabError(f"{task}: {shots} shots need {shots} examples{among} besides each question, but the few-shot pool "
                           f"has {available}; pass fewer shots (shots=) or a larger few-shot pool")
+    if first:
+        return (allowed if allowed is not None else [position for position in range(shots + 1) if position != own])[:shots]
     picked = random.Random(f"{seed}/{task}/{index}").sample(range(available), shots)
+    if allowed is not None:
+        return [allowed[position] for position in picked]
     return [position + (own is not None and position >= own) for position in picked]  # skip over the question
+
+
+class FewshotPool(NamedTuple):
+    """Where a task's shots come from."""
+
+    records: Sequence[dict]
+    ids: Mapping[str, int] | None  # record id -> position; None: the pool is the evaluated records themselves
+    groups: Mapping[str, list[int]] | None  # positions by the spec's fewshot_group value; None: the task has none
+
+
+def build_fewshot_pool(spec: TaskSpec, records: Sequence[dict], pool: Sequence[dict] | None) -> FewshotPool:
+    """The pool (`pool`, else the records themselves), indexed by id and by group."""
+    chosen = records if pool is None else pool
+    ids = None if pool is None else {record_id(record, j): j for j, record in enumerate(pool)}
+    groups = None
+    if spec.fewshot_group:
+        groups = {}
+        for position, record in enumerate(chosen):
+            groups.setdefault(str(record.get(spec.fewshot_group) or ""), []).append(position)
+    return FewshotPool(chosen, ids, groups)
+
+
+def choose_shots(spec: TaskSpec, pool: FewshotPool, records: Sequence[dict], index: int, shots: int, seed: int) -> list[int]:
+    """choose_fewshot for question `index` under the spec's rules: only its group, the first ones from a separate pool."""
+    record = records[index]
+    group = str(record.get(spec.fewshot_group) or "") if pool.groups is not None else ""
+    candidates = None if pool.groups is None else pool.groups.get(group, [])
+    return choose_fewshot(spec.name, index, record_id(record, index), len(pool.records), shots, seed, pool.ids,
+                          candidates=candidates, first=spec.first_shots and pool.ids is not None, group=group)
 
 
 # ---------------------------------------------------------------- metrics
@@ -298,21 +352,21 @@ def evaluate_task(model, spec: TaskSpec | str, records: Sequence[dict], encode: 
     check_records(spec, records)
     if not records:
         raise GptlabError(f"{spec.name} has no records to evaluate")
-    pool = records if fewshot_pool is None else fewshot_pool
     if fewshot_pool is not None:
         check_records(spec, fewshot_pool, what="few-shot record")
-    pool_ids = None if fewshot_pool is None else {record_id(record, j): j for j, record in enumerate(fewshot_pool)}
-    choose_fewshot(spec.name, 0, record_id(records[0], 0), len(pool), shots, seed, pool_ids)  # too few: fail on every rank
+    pool = build_fewshot_pool(spec, records, fewshot_pool)
+    total = len(records) if limit is None else min(limit, len(records))
+    for index in _first_of_each_group(spec, records, total if pool.groups is not None else 1):
+        choose_shots(spec, pool, records, index, shots, seed)  # too few: fail on every rank, before any compute
     rank, world = _rank_and_world()
     device = next(model.parameters()).device
-    total = len(records) if limit is None else min(limit, len(records))
     mine = range(rank, total, world)
     counts = torch.zeros(2 + len(COUNTED), dtype=torch.float64)  # n, the COUNTED metrics right, truncated requests
     examples: list[dict] = []
     bar = tqdm(total=len(mine), desc=spec.name, unit="example", disable=None if progress and rank == 0 else True)
     for start in range(0, len(mine), EXAMPLES_PER_CHUNK):
         chunk = mine[start:start + EXAMPLES_PER_CHUNK]
-        done = _score_chunk(model, spec, records, chunk, encode, shots, seed, pool, pool_ids, batch_size, autocast)
+        done = _score_chunk(model, spec, records, chunk, encode, shots, seed, pool, batch_size, autocast)
         examples += done
         for example in done:
             counts += torch.tensor([1, *(example.get(metric, 0) for metric in COUNTED), example["truncated"]],
@@ -324,13 +378,21 @@ def evaluate_task(model, spec: TaskSpec | str, records: Sequence[dict], encode: 
     return _row(spec, shots, counts), examples
 
 
-def _score_chunk(model, spec, records, indices, encode, shots, seed, pool, pool_ids, batch_size, autocast) -> list[dict]:
+def _first_of_each_group(spec: TaskSpec, records: Sequence[dict], total: int) -> list[int]:
+    """The first question of each few-shot group among the first `total` (each group's pool is checked once)."""
+    first: dict[str, int] = {}
+    for index in range(total):
+        first.setdefault(str(records[index].get(spec.fewshot_group) or "") if spec.fewshot_group else "", index)
+    return list(first.values())
+
+
+def _score_chunk(model, spec, records, indices, encode, shots, seed, pool: FewshotPool, batch_size, autocast) -> list[dict]:
     """Render, encode and score the questions at `indices`, one group per question."""
     groups, chosen = [], []
     for index in indices:
         record = records[index]
-        picked = choose_fewshot(spec.name, index, record_id(record, index), len(pool), shots, seed, pool_ids)
-        group = encode_group(encode, render_requests(spec, record, [pool[j] for j in picked]))
+        picked = choose_shots(spec, pool, records, index, shots, seed)
+        group = encode_group(encode, render_requests(spec, record, [pool.records[j] for j in picked]))
         empty = [k for k, (_, continuation) in enumerate(group) if not continuation]
         if empty:
             raise GptlabError(f"{spec.name} record {index} (id {record_id(record, index)!r}): choice {empty[0]} "
@@ -344,7 +406,7 @@ def _score_chunk(model, spec, records, indices, encode, shots, seed, pool, pool_
         record = records[index]
         choice_texts = record.get("choices") or record.get("context_options") or []
         example = {"task": spec.name, "index": index, "id": record_id(record, index),
-                   "fewshot_ids": [record_id(pool[j], j) for j in picked], "gold": record.get("gold"),
+                   "fewshot_ids": [record_id(pool.records[j], j) for j in picked], "gold": record.get("gold"),
                    **score_example(spec, record.get("gold"), group, scores, choice_texts),
                    "truncated": count_truncated(group, block_size)}
         out.append(example)
