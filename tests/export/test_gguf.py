@@ -299,3 +299,28 @@ def test_export_gguf_cli_refuses_the_demo_recipe_in_one_line_naming_its_options(
     assert error.startswith("gptlab: error: cannot export this gpt2 model as GGUF: --model.position rotary, --model.norm rms, "
                             "--model.activation relu2, --model.qk_norm true have no GGUF/llama.cpp equivalent") and error.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recipe"]
+
+
+def test_export_gguf_cli_refuses_an_out_where_the_modelfile_goes_before_writing_anything(chat_model, tmp_path, capsys):
+    """OUT x.Modelfile with --modelfile: both files would be one; refused in one line, nothing written."""
+    out = tmp_path / "x.Modelfile"
+    assert main(["export", "gguf", str(chat_model), str(out), "--modelfile"]) == 1
+    error = capsys.readouterr().err
+    assert error == (f"gptlab: error: OUT {out} is where --modelfile writes the Modelfile; name the GGUF file "
+                     f"{tmp_path / 'x.gguf'} (the Modelfile then goes to {out})\n")
+    assert list(tmp_path.iterdir()) == []
+    assert main(["export", "gguf", str(chat_model), str(tmp_path / "x.gguf"), "--modelfile"]) == 0  # as the line says
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.Modelfile", "x.gguf"]
+
+
+def test_export_gguf_that_fails_on_the_modelfile_leaves_no_gguf_file_behind(tokenizer, tmp_path, monkeypatch):
+    model = tiny("gpt2-tiny", tokenizer)
+
+    def fail(gguf_path, tokenizer, *, force=False):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(gguf_module, "write_modelfile", fail)
+    with pytest.raises(OSError, match="disk full"):
+        gguf_module.export_gguf(model, tokenizer, tmp_path / "new" / "m.gguf", modelfile=True)
+    assert list(tmp_path.iterdir()) == []
+
