@@ -324,3 +324,20 @@ def test_export_gguf_that_fails_on_the_modelfile_leaves_no_gguf_file_behind(toke
         gguf_module.export_gguf(model, tokenizer, tmp_path / "new" / "m.gguf", modelfile=True)
     assert list(tmp_path.iterdir()) == []
 
+
+def test_export_gguf_cli_refuses_a_tokenizer_other_than_the_models_of_the_same_size(chat_model, tmp_path, capsys):
+    """--tokenizer is checked by fingerprint, as --draft is: another tokenizer with the model's vocabulary size is refused."""
+    own = Tokenizer.load(chat_model / "tokenizer")
+    from gptlab.data.corpus import shakespeare_documents
+
+    other = add_chat_tokens(Tokenizer.train(shakespeare_documents()[6:8], vocab_size=512))  # other works, the same size
+    assert other.vocab_size == own.vocab_size and other.fingerprint() != own.fingerprint()
+    other.save(tmp_path / "other")
+    out = tmp_path / "m.gguf"
+    assert main(["export", "gguf", str(chat_model), str(out), "--tokenizer", str(tmp_path / "other")]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith(f"gptlab: error: --tokenizer {tmp_path / 'other'} is not the tokenizer saved with {chat_model} "
+                            f"(fingerprint {other.fingerprint()}, {other.vocab_size:,} ids; the model's: {own.fingerprint()}")
+    assert error.endswith("leave out --tokenizer to use the model's own\n") and error.count("\n") == 1
+    assert not out.exists()
+    assert main(["export", "gguf", str(chat_model), str(out), "--tokenizer", str(chat_model / "tokenizer")]) == 0
