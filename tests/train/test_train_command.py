@@ -266,3 +266,19 @@ def test_eval_force_into_a_training_run_is_refused_and_the_run_stays_a_training_
     assert main(tiny(prepared, run, "--max-steps=3")) == 0
     assert "already finished" in capsys.readouterr().out
 
+
+@pytest.mark.parametrize("extra, message", [
+    (["--model.moe.top-k", "5"], "moe.top_k 5 does nothing in a dense model (moe.n_experts 0): set --model.moe.n-experts N "
+                                 "for a mixture of experts, or leave out --model.moe.top-k"),
+    (["--model.moe.aux-loss", "0.1"], "leave out --model.moe.aux-loss"),
+    (["--parallel.expert-parallel", "true"], "--parallel.expert-parallel shards the experts of a mixture of experts, and "
+                                             "this model is dense (moe.n_experts 0)"),
+    (["--parallel.expert-parallel", "true", "--model.moe.n-experts", "4", "--compile", "true"],
+     "expert_parallel with compile is not supported here"),
+])
+def test_train_refuses_silent_moe_and_expert_parallel_combinations_in_one_process(prepared, tmp_path, capsys, extra, message):
+    out = tmp_path / "run"
+    assert main(tiny(prepared, out, *extra)) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not out.exists()
