@@ -267,6 +267,15 @@ def test_eval_force_into_a_training_run_is_refused_and_the_run_stays_a_training_
     assert "already finished" in capsys.readouterr().out
 
 
+def test_sample_tokens_0_trains_without_samples_and_exits_0(prepared, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(tiny(prepared, out, "--max-steps=3", "--sample-tokens=0", "--sample-every", "1")) == 0
+    printed = capsys.readouterr().out
+    assert "sample:" not in printed and len(losses(out)) == 3 and not (out / "samples.jsonl").exists()
+    assert main(tiny(prepared, tmp_path / "sampled", "--max-steps=3")) == 0
+    assert "sample:" in capsys.readouterr().out  # the same run with samples prints them (what 0 turns off)
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--model.moe.top-k", "5"], "moe.top_k 5 does nothing in a dense model (moe.n_experts 0): set --model.moe.n-experts N "
                                  "for a mixture of experts, or leave out --model.moe.top-k"),
