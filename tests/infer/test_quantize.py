@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gptlab.chat import ChatFormat
 from gptlab.cli.main import main
 from gptlab.infer import Engine, EngineConfig, SamplingConfig, generate
 from gptlab.infer.quantize import (
@@ -233,7 +234,8 @@ def test_cli_sample_quantize_int8_prints_the_quantised_models_greedy_text(chat_m
     tokenizer = Tokenizer.load(chat_model / "tokenizer")
     model = quantize_model(load_model(chat_model), "int8")
     ids = tokenizer.encode("ROMEO:")
-    config = SamplingConfig(max_new_tokens=6, temperature=0, stop_tokens=(tokenizer.eot_id,), vocab_size=tokenizer.vocab_size)
+    stops = ChatFormat(tokenizer).stop_tokens  # a chat model's sample ends at its end-of-turn too
+    config = SamplingConfig(max_new_tokens=6, temperature=0, stop_tokens=stops, vocab_size=tokenizer.vocab_size)
     assert capsys.readouterr().out == tokenizer.decode(ids + generate(model, [ids], config)[0]) + "\n"
 
 
