@@ -3,6 +3,7 @@ and `gptlab chat` print the candidate the reward scores highest among those gptl
 with its reward against the candidates' mean; bad input is one error line before any compute."""
 
 import io
+import json
 import re
 import sys
 
@@ -109,7 +110,7 @@ def test_sample_best_of_prints_the_rewards_favourite_and_its_reward_against_the_
     ids = tokenizer.encode("the")
     lines = []
     for k in range(2):  # sample k's candidate j is seeded 2 + 4k + j
-        texts = candidates(model, tokenizer, ids, (tokenizer.eot_id,), [2 + 4 * k + j for j in range(4)])
+        texts = candidates(model, tokenizer, ids, ChatFormat(tokenizer).stop_tokens, [2 + 4 * k + j for j in range(4)])
         scores = [vowels(text) for text in texts]
         best = max(range(4), key=lambda j: (scores[j], -j))
         assert best > 0  # the favourite is not simply the first candidate
@@ -181,3 +182,44 @@ def test_chat_verifier_is_refused_with_the_reason(folder, capsys):
     assert main(["chat", str(folder[0]), "--best-of", "2", "--reward", "verifier", "--device", "cpu"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("gptlab: error:") and "no known answer" in err and err.count("\n") == 1
+
+
+END_HEAVY = '''
+import json
+
+def junk_past_the_end(prompts, completions, **columns):
+    with open(__file__ + ".seen", "a") as seen:
+        seen.write(json.dumps(completions) + "\\n")
+    return [10.0 * text.count("<|end|>") + len(text) for text in completions]
+'''
+
+
+def end_heavy_chat_model(directory, tokenizer):
+    """A chat model that says <|end|> about a third of the time whatever it reads (its final norm outputs a fixed
+    vector along <|end|>'s embedding), and random other tokens otherwise: its samples run past the end of a reply."""
+    torch.manual_seed(0)
+    model = GPT(preset("gpt2-tiny", vocab_size=tokenizer.vocab_size, block_size=128)).float().eval()
+    end = model.transformer["wte"].weight[tokenizer.special_tokens["<|end|>"]].detach()
+    with torch.no_grad():
+        model.transformer["ln_f"].weight.zero_()
+        model.transformer["ln_f"].bias.copy_(end * 5.0 / end.dot(end))  # logit 5 for <|end|>, about 0 for the rest
+    save_model(model, directory)
+    tokenizer.save(directory / "tokenizer")
+    return model
+
+
+def test_sample_best_of_on_a_chat_model_scores_and_prints_only_the_reply_up_to_its_end_of_turn(folder, tmp_path, capsys):
+    """--prompt on a chat model stops at <|end|>: a reward that favours junk past the end cannot pick it."""
+    _, _, tokenizer = folder
+    model = end_heavy_chat_model(tmp_path / "model", tokenizer)
+    rewards = tmp_path / "junk.py"
+    rewards.write_text(END_HEAVY)
+    assert sample(tmp_path / "model", "--prompt", "the", "--seed", "3", "--best-of", "4", "--reward", f"{rewards}:junk_past_the_end") == 0
+    out = capsys.readouterr().out
+    ids = tokenizer.encode("the")
+    past_the_end = candidates(model, tokenizer, ids, (tokenizer.eot_id,), range(3, 7))
+    assert sum("<|end|>" in text for text in past_the_end) >= 2  # what was scored before: replies and what follows them
+    replies = candidates(model, tokenizer, ids, ChatFormat(tokenizer).stop_tokens, range(3, 7))
+    (scored,) = [json.loads(line) for line in (tmp_path / "junk.py.seen").read_text().splitlines()]
+    assert scored == replies and not any("<|end|>" in text for text in scored)
+    assert out == "the" + max(replies, key=len) + "\n"

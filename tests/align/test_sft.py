@@ -163,3 +163,22 @@ def test_sft_runs_on_two_gloo_ranks(base, tmp_path):
     assert result.stdout.count("status finished") == 2
     state = json.loads((list_checkpoints(tmp_path / "ddp")[-1] / "trainer_state.json").read_text())
     assert [loader["rank"] for loader in state["loader"]] == [0, 1]
+
+
+def test_sft_command_holds_out_the_same_conversations_however_the_file_is_named(base, tmp_path, monkeypatch, capsys):
+    """world/sft.jsonl and ./world/sft.jsonl: one held-out split, so one model and the same val loss."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "world").mkdir()
+    lines = [{"messages": [{"role": "user", "content": f"Say {word} {i}."}, {"role": "assistant", "content": f"{word} {i}"}]}
+             for i, word in enumerate(("alas", "forsooth", "anon", "prithee") * 10)]
+    (tmp_path / "world" / "sft.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    def val_losses(data: str, out: str) -> list:
+        assert main(["sft", "--init", str(base), "--data", data, "--out", out, "--max-steps", "2", "--batch-tokens", "512",
+                     "--micro-batch", "8", "--seq-len", "64", "--eval-every", "1", "--val-fraction", "0.25",
+                     "--task-examples", "1", "--precision", "fp32", "--device", "cpu"]) == 0
+        rows = [json.loads(line) for line in (tmp_path / out / "metrics.jsonl").read_text().splitlines()]
+        return [(row["step"], row["val_loss"]) for row in rows if "val_loss" in row]
+
+    plain = val_losses("world/sft.jsonl", "a")
+    assert len(plain) >= 2 and plain == val_losses("./world/sft.jsonl", "b")

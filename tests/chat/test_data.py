@@ -240,3 +240,28 @@ def test_mixture_with_no_valid_rows_says_why_for_empty_and_wrongly_encoded_files
     with pytest.raises(GptlabError, match="the mixture holds no conversations") as raised:
         Mixture.load(MixtureConfig.from_spec(str(path)))
     assert reason in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_files_held_out_split_follows_its_content_not_how_its_path_is_spelled(tmp_path, monkeypatch):
+    """world/sft.jsonl, ./world/sft.jsonl, its absolute path and a moved copy hold out the same conversations:
+    the ceil(0.1 x 40) = 4 whose content hashes lowest (by hand below)."""
+    import hashlib
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "world").mkdir()
+    rows = [{"messages": chat(f"q{i}", f"a{i}")} for i in range(40)]
+    write_jsonl(tmp_path / "world" / "sft.jsonl", rows)
+    (tmp_path / "moved").mkdir()
+    shutil.copy(tmp_path / "world" / "sft.jsonl", tmp_path / "moved" / "renamed.jsonl")
+
+    def val(spec: str) -> set[str]:
+        mixture = Mixture.load(MixtureConfig.from_spec(spec, val_fraction=0.1), "val")
+        return {c[0]["content"] for c in iter_conversations(mixture)}
+
+    digest = {row["messages"][0]["content"]: hashlib.sha256(json.dumps(row["messages"], sort_keys=True).encode()).digest()
+              for row in rows}
+    expected = set(sorted(digest, key=digest.get)[:4])
+    for spec in ("world/sft.jsonl", "./world/sft.jsonl", str(tmp_path / "world" / "sft.jsonl"), "world/../world/sft.jsonl",
+                 "moved/renamed.jsonl"):
+        assert val(spec) == expected, spec

@@ -47,7 +47,8 @@ def test_sample_on_an_moe_model_prints_generate(moe_chat, capsys):
     assert main(["sample", "--checkpoint", str(moe_chat), "--prompt", "ROMEO:", "--max-new-tokens", "6", "--seed", "0"]) == 0
     model, tokenizer = load_model(moe_chat), Tokenizer.load(moe_chat / "tokenizer")
     ids = tokenizer.encode("ROMEO:")
-    config = SamplingConfig(max_new_tokens=6, seed=0, stop_tokens=(tokenizer.eot_id,), vocab_size=tokenizer.vocab_size)
+    stops = ChatFormat(tokenizer).stop_tokens  # a chat model's sample ends at its end-of-turn too
+    config = SamplingConfig(max_new_tokens=6, seed=0, stop_tokens=stops, vocab_size=tokenizer.vocab_size)
     assert capsys.readouterr().out == tokenizer.decode(ids + generate(model, [ids], config)[0]) + "\n"
 
 

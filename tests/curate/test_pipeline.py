@@ -348,3 +348,17 @@ def test_train_quality_refuses_the_same_set_twice_and_warns_when_held_out_accura
     captured = capsys.readouterr()
     assert "held-out accuracy" in captured.out and captured.err.startswith("gptlab: warning: the held-out accuracy ")
     assert "is at chance" in captured.err and (tmp_path / "q.npz").exists()
+
+
+def test_train_quality_force_replaces_only_an_earlier_classifier(tmp_path, capsys):
+    """--force replaces this command's own output: a file it did not write (an .npz of the user's) is never touched."""
+    import numpy as np
+
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"text": "a page"}) + "\n")
+    mine = tmp_path / "mine.npz"
+    np.savez(mine, weights=np.arange(3.0))
+    before = mine.read_bytes()
+    assert main(["data", "train-quality", str(good), "--negatives", str(good), "--out", str(mine), "--force"]) == 1
+    assert f"--out {mine} exists and is not a quality classifier (it is never overwritten)" in _one_error_line(capsys)
+    assert mine.read_bytes() == before

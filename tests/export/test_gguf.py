@@ -299,3 +299,45 @@ def test_export_gguf_cli_refuses_the_demo_recipe_in_one_line_naming_its_options(
     assert error.startswith("gptlab: error: cannot export this gpt2 model as GGUF: --model.position rotary, --model.norm rms, "
                             "--model.activation relu2, --model.qk_norm true have no GGUF/llama.cpp equivalent") and error.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recipe"]
+
+
+def test_export_gguf_cli_refuses_an_out_where_the_modelfile_goes_before_writing_anything(chat_model, tmp_path, capsys):
+    """OUT x.Modelfile with --modelfile: both files would be one; refused in one line, nothing written."""
+    out = tmp_path / "x.Modelfile"
+    assert main(["export", "gguf", str(chat_model), str(out), "--modelfile"]) == 1
+    error = capsys.readouterr().err
+    assert error == (f"gptlab: error: OUT {out} is where --modelfile writes the Modelfile; name the GGUF file "
+                     f"{tmp_path / 'x.gguf'} (the Modelfile then goes to {out})\n")
+    assert list(tmp_path.iterdir()) == []
+    assert main(["export", "gguf", str(chat_model), str(tmp_path / "x.gguf"), "--modelfile"]) == 0  # as the line says
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.Modelfile", "x.gguf"]
+
+
+def test_export_gguf_that_fails_on_the_modelfile_leaves_no_gguf_file_behind(tokenizer, tmp_path, monkeypatch):
+    model = tiny("gpt2-tiny", tokenizer)
+
+    def fail(gguf_path, tokenizer, *, force=False):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(gguf_module, "write_modelfile", fail)
+    with pytest.raises(OSError, match="disk full"):
+        gguf_module.export_gguf(model, tokenizer, tmp_path / "new" / "m.gguf", modelfile=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_gguf_cli_refuses_a_tokenizer_other_than_the_models_of_the_same_size(chat_model, tmp_path, capsys):
+    """--tokenizer is checked by fingerprint, as --draft is: another tokenizer with the model's vocabulary size is refused."""
+    own = Tokenizer.load(chat_model / "tokenizer")
+    from gptlab.data.corpus import shakespeare_documents
+
+    other = add_chat_tokens(Tokenizer.train(shakespeare_documents()[6:8], vocab_size=512))  # other works, the same size
+    assert other.vocab_size == own.vocab_size and other.fingerprint() != own.fingerprint()
+    other.save(tmp_path / "other")
+    out = tmp_path / "m.gguf"
+    assert main(["export", "gguf", str(chat_model), str(out), "--tokenizer", str(tmp_path / "other")]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith(f"gptlab: error: --tokenizer {tmp_path / 'other'} is not the tokenizer saved with {chat_model} "
+                            f"(fingerprint {other.fingerprint()}, {other.vocab_size:,} ids; the model's: {own.fingerprint()}")
+    assert error.endswith("leave out --tokenizer to use the model's own\n") and error.count("\n") == 1
+    assert not out.exists()
+    assert main(["export", "gguf", str(chat_model), str(out), "--tokenizer", str(chat_model / "tokenizer")]) == 0

@@ -401,3 +401,14 @@ def test_sparse_layers_rule_by_example(n_layer, first_dense, every, expected):
     assert not any(preset("llama-tiny").sparse_layers)
     model = GPT(config)
     assert len(model.moe_layers()) == expected.count("T")
+
+
+@pytest.mark.parametrize("changes, flag", [({"top_k": 5}, "--model.moe.top-k"), ({"expert_hidden": 64}, "--model.moe.expert-hidden"),
+                                           ({"score": "sigmoid"}, "--model.moe.score"), ({"aux_loss": 0.0}, "--model.moe.aux-loss")])
+def test_moe_settings_of_a_dense_model_are_refused_naming_the_flag(changes, flag):
+    with pytest.raises(GptlabError) as error:
+        MoEConfig(**changes)
+    name = next(iter(changes))
+    assert str(error.value) == (f"moe.{name} {changes[name]} does nothing in a dense model (moe.n_experts 0): set "
+                                f"--model.moe.n-experts N for a mixture of experts, or leave out {flag}")
+    assert MoEConfig(n_experts=8, **changes).n_experts == 8  # with experts they are settings

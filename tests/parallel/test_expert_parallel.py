@@ -136,6 +136,9 @@ def test_expert_parallel_refuses_other_sharding_and_compile():
         ParallelConfig(expert_parallel=True, shard_optimizer="zero1")
     with pytest.raises(GptlabError, match="drop --compile"):
         check_config(ParallelConfig(expert_parallel=True), compile=True)
+    with pytest.raises(GptlabError, match="this model is dense .*leave out --parallel.expert-parallel"):
+        check_config(ParallelConfig(expert_parallel=True), compile=False, moe=False)
+    check_config(ParallelConfig(expert_parallel=True), compile=False, moe=True)
 
 
 def test_expert_parallel_costs_match_hand_arithmetic():

@@ -241,3 +241,53 @@ def test_from_fit_refuses_bad_files_in_one_line(prepared, tmp_path, capsys, cont
 def test_from_fit_needs_depth(prepared, tmp_path, capsys):
     assert main(tiny(prepared, tmp_path / "never", "--from-fit", str(tmp_path / "fit.json"))) == 1
     assert "pass --depth N too" in capsys.readouterr().err
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_eval_force_into_a_training_run_is_refused_and_the_run_stays_a_training_run(prepared, tmp_path, capsys):
+    """--force replaces a command's own output, never another command's folder: the run's record and files stay."""
+    from tests.eval.test_cli_card import write_tasks
+
+    run = tmp_path / "run"
+    assert main(tiny(prepared, run, "--max-steps=3")) == 0
+    before = snapshot(run)
+    science, _ = write_tasks(tmp_path / "data")
+    capsys.readouterr()
+    for force in ((), ("--force",)):
+        assert main(["eval", str(run), "--suite", "core", "--tasks", "arc_easy", "--task-data", f"arc_easy={science}",
+                     "--precision", "fp32", "--out", str(run), *force]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert f"--out {run} holds a `gptlab train` run, not a `gptlab eval` one" in err and "pass another --out" in err
+        assert snapshot(run) == before
+    assert main(tiny(prepared, run, "--max-steps=3")) == 0
+    assert "already finished" in capsys.readouterr().out
+
+
+def test_sample_tokens_0_trains_without_samples_and_exits_0(prepared, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(tiny(prepared, out, "--max-steps=3", "--sample-tokens=0", "--sample-every", "1")) == 0
+    printed = capsys.readouterr().out
+    assert "sample:" not in printed and len(losses(out)) == 3 and not (out / "samples.jsonl").exists()
+    assert main(tiny(prepared, tmp_path / "sampled", "--max-steps=3")) == 0
+    assert "sample:" in capsys.readouterr().out  # the same run with samples prints them (what 0 turns off)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--model.moe.top-k", "5"], "moe.top_k 5 does nothing in a dense model (moe.n_experts 0): set --model.moe.n-experts N "
+                                 "for a mixture of experts, or leave out --model.moe.top-k"),
+    (["--model.moe.aux-loss", "0.1"], "leave out --model.moe.aux-loss"),
+    (["--parallel.expert-parallel", "true"], "--parallel.expert-parallel shards the experts of a mixture of experts, and "
+                                             "this model is dense (moe.n_experts 0)"),
+    (["--parallel.expert-parallel", "true", "--model.moe.n-experts", "4", "--compile", "true"],
+     "expert_parallel with compile is not supported here"),
+])
+def test_train_refuses_silent_moe_and_expert_parallel_combinations_in_one_process(prepared, tmp_path, capsys, extra, message):
+    out = tmp_path / "run"
+    assert main(tiny(prepared, out, *extra)) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not out.exists()

@@ -14,6 +14,7 @@ A model is named by any folder gptlab makes or reads:
 
 Its tokenizer is the one named explicitly (--tokenizer) when given, else the one saved with the model
 (`CHECKPOINT/tokenizer/`, or the tokenizer files of a Hugging Face folder), else GPT-2's for a Hugging Face GPT-2.
+A --tokenizer other than the one saved with the model (by fingerprint) is refused: it would give the model other ids.
 
 Why here, in align: a run folder is read through train's checkpoint layout (gptlab.train.checkpoint.find_checkpoint),
 a Hugging Face folder through gptlab.model.hf, and the tokenizer beside either through gptlab.data.match. align is,
@@ -52,6 +53,8 @@ def load_model_tokenizer(spec: str, path: Path, model: GPT, explicit: str | None
     GPT-2; checked against the model's vocabulary. (None, "") when there is none and none is required."""
     if explicit:
         tokenizer, name = load_tokenizer(explicit), explicit
+        check_same_tokenizer(find_model_tokenizer(path), tokenizer, f"--tokenizer {explicit} is not the tokenizer saved with {spec}",
+                             "leave out --tokenizer to use the model's own")
     else:
         tokenizer, name = find_model_tokenizer(path), f"the tokenizer saved with {spec}"
         if tokenizer is None and _is_hf_gpt2(path, model):
@@ -64,6 +67,14 @@ def load_model_tokenizer(spec: str, path: Path, model: GPT, explicit: str | None
         raise GptlabError(f"{name} has {tokenizer.vocab_size:,} ids but the model only {model.config.vocab_size:,}: "
                           "is it the model's tokenizer? pass the right one with --tokenizer")
     return tokenizer, name
+
+
+def check_same_tokenizer(own, tokenizer, what: str, fix: str) -> None:
+    """Refuse `tokenizer` where a model has its own (`own`, None: nothing to compare) with other ids: the fingerprint
+    (gptlab.tokenizer.Tokenizer.fingerprint) says, not the vocabulary's size, which two different tokenizers can share."""
+    if own is not None and own.fingerprint() != tokenizer.fingerprint():
+        raise GptlabError(f"{what} (fingerprint {tokenizer.fingerprint()}, {tokenizer.vocab_size:,} ids; the model's: "
+                          f"{own.fingerprint()}, {own.vocab_size:,} ids): {fix}")
 
 
 def _is_hf_gpt2(path: Path, model: GPT) -> bool:

@@ -237,7 +237,7 @@ def load_pairs(config: MixtureConfig) -> dict[str, PairSplit]:
                                                             report.skipped + val_report.skipped)
         else:
             pairs, report = read_pairs(part, on_error=config.on_error)
-            held = held_out(part.source, len(pairs), config.val_fraction)
+            held = held_out(part.source, pairs, config.val_fraction)
             train = [pair for i, pair in enumerate(pairs) if i not in held]
             val = [pairs[i] for i in sorted(held)]
         report.train, report.val = len(train), len(val)

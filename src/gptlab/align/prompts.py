@@ -15,7 +15,7 @@ Named in a mixture spec as sft's and dpo's --data (gptlab.chat.data: comma-separ
 
 A row with a "prompt" is read by it first, so a pair file's rows give their prompt whatever their replies hold.
 Held out: the rows of a separate spec (e.g. the test split), or else ceil(val_fraction x rows) of each file and dataset
-(drawn by the source's name, as SFT's: gptlab.chat.data.held_out) and ceil(val_fraction x n) of a task part's test split.
+(chosen by their content, as SFT's: gptlab.chat.data.held_out) and ceil(val_fraction x n) of a task part's test split.
 Malformed rows are named by file:line or dataset row and skipped (counted, reported) or refused (on_error).
 
 The rewards of replies to them (prompt_scorer: TRL's call, the prompt as text or messages) and the held-out measure
@@ -173,7 +173,7 @@ def load_prompts(spec: str, *, val_fraction: float = 0.0, heldout: str = "", on_
                 report.val = len(held)
         else:
             rows, report = read_prompts(part, on_error=on_error)
-            chosen = held_out(part.source, len(rows), fraction) if rows else set()
+            chosen = held_out(part.source, rows, fraction) if rows else set()
             kept = [prompt for i, prompt in enumerate(rows) if i not in chosen]
             val += [rows[i] for i in sorted(chosen)]
             report.val = len(chosen)

@@ -24,7 +24,7 @@ mixture is epochs × conversations. Fractional epochs take a seeded subset. The 
 shuffled from (seed, epoch), so the order is a pure function of the seed and the position in it.
 
 Validation: with `val_fraction` f, each file or dataset part holds out ceil(f × its conversations),
-drawn with a seed made from the source's name (the same held-out set whatever the training seed);
+chosen by their content (`held_out`: the same set whatever the training seed, or the path the file is named by);
 a task's held-out conversations are ceil(f × n) examples of its `test` split (at most the whole split).
 
 Malformed conversations (bad JSON, no `messages`, an unknown role, empty content, no assistant turn:
@@ -38,12 +38,12 @@ Not here: rendering and batching (gptlab.chat.format, gptlab.chat.loader), the t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
-import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -479,22 +479,33 @@ def _read_split(part: PartConfig, config: MixtureConfig) -> tuple[list[Conversat
         report.train, report.val = len(train), len(val)
         return train, val, report
     conversations, report = read_conversations(part, on_error=config.on_error)
-    held = held_out(part.source, len(conversations), config.val_fraction)
+    held = held_out(part.source, conversations, config.val_fraction)
     train = [c for i, c in enumerate(conversations) if i not in held]
     val = [conversations[i] for i in sorted(held)]
     report.train, report.val = len(train), len(val)
     return train, val, report
 
 
-def held_out(source: str, size: int, fraction: float) -> set[int]:
-    """ceil(fraction × size) indices drawn with a seed from the source's name, so any training seed holds out the same."""
-    count = math.ceil(fraction * size)
+def held_out(source: str, rows: Sequence, fraction: float) -> set[int]:
+    """The indices of the ceil(fraction × len(rows)) rows whose content hashes lowest (ties by position).
+
+    Drawn from the rows themselves, not from how the source was named: `world/sft.jsonl`, `./world/sft.jsonl` and
+    the file moved elsewhere hold out the same rows, whatever the training seed; a row added to the file leaves the
+    others where they were, and identical rows fall on the same side (a duplicate cannot leak into validation)."""
+    count = math.ceil(fraction * len(rows))
     if count == 0:
         return set()
-    if count >= size:
-        raise GptlabError(f"{source}: holding out {fraction} of {size} conversations leaves none to train on; lower val_fraction")
-    generator = np.random.default_rng(zlib.crc32(source.encode("utf-8")))
-    return set(generator.choice(size, count, replace=False).tolist())
+    if count >= len(rows):
+        raise GptlabError(f"{source}: holding out {fraction} of {len(rows)} conversations leaves none to train on; lower val_fraction")
+    digests = [hashlib.sha256(json.dumps(row, sort_keys=True, default=_plain).encode("utf-8")).digest() for row in rows]
+    return set(sorted(range(len(rows)), key=lambda i: (digests[i], i))[:count])
+
+
+def _plain(value: object) -> object:
+    """A dataclass row (a preference pair, a prompt) as the dict json.dumps can write."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    raise TypeError(f"cannot hash a {type(value).__name__} row")
 
 
 def _merge_reports(into: SourceReport, other: SourceReport) -> None:

@@ -48,17 +48,15 @@ def load_draft(args: argparse.Namespace, model, tokenizer, device):
     """The --draft model on `device`, or None; one clear error for K < 1, a missing folder or another tokenizer."""
     if getattr(args, "draft", None) is None:
         return None
-    from gptlab.align.model_folders import load_model, load_model_tokenizer
+    from gptlab.align.model_folders import check_same_tokenizer, load_model, load_model_tokenizer
     from gptlab.infer.speculative import check_draft
 
     if args.draft_tokens < 1:
         raise GptlabError(f"--draft-tokens must be at least 1, got {args.draft_tokens}")
     draft, path = load_model(args.draft, device=device)
     own, _ = load_model_tokenizer(args.draft, path, draft, None, required=False)
-    if own is not None and own.fingerprint() != tokenizer.fingerprint():
-        raise GptlabError(f"the draft {args.draft} was trained with another tokenizer (fingerprint {own.fingerprint()}, "
-                          f"{own.vocab_size:,} ids) than the model's ({tokenizer.fingerprint()}, {tokenizer.vocab_size:,} ids): "
-                          "train the draft on the same prepared data")
+    check_same_tokenizer(tokenizer, own or tokenizer, f"the draft {args.draft} was trained with another tokenizer than the model's",
+                         "train the draft on the same prepared data")
     check_draft(model, draft, args.draft_tokens)
     return draft
 

@@ -43,7 +43,7 @@ def register(stages) -> None:
     quality.add_argument("--negatives", nargs="+", required=True, metavar="NEGATIVE")
     quality.add_argument("--out", required=True, metavar="FILE", help="the classifier (.npz), for [quality] path = FILE")
     quality.add_argument("--text-field", default="text", help="JSONL / parquet field holding the text (default text)")
-    quality.add_argument("--force", action="store_true", help="replace FILE")
+    quality.add_argument("--force", action="store_true", help="replace FILE, an earlier classifier")
     quality.set_defaults(handler=run_train_quality)
 
     prepare = verbs.add_parser(
@@ -184,12 +184,14 @@ def _texts(inputs: list[str], text_field: str) -> list[str]:
 
 
 def run_train_quality(args: argparse.Namespace) -> int:
-    from gptlab.curate.classifier import held_out_accuracy, train_quality_classifier
+    from gptlab.curate.classifier import held_out_accuracy, is_classifier_file, train_quality_classifier
     from gptlab.runtime import GptlabError
 
     out = Path(args.out)
+    if out.exists() and not is_classifier_file(out):  # --force replaces an earlier classifier, never another file
+        raise GptlabError(f"--out {out} exists and is not a quality classifier (it is never overwritten); pass another --out")
     if out.exists() and not args.force:
-        raise GptlabError(f"--out {out} exists; pass --force to replace it, or another --out")
+        raise GptlabError(f"--out {out} holds an earlier quality classifier; pass --force to replace it, or another --out")
     if out.suffix != ".npz":
         raise GptlabError(f"--out {out}: the classifier is saved as .npz; name the file e.g. {out.with_suffix('.npz')}")
     positives, negatives = _texts(args.positives, args.text_field), _texts(args.negatives, args.text_field)

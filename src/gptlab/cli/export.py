@@ -61,8 +61,8 @@ def run_export_hf(args: argparse.Namespace) -> int:
 
 def run_export_gguf(args: argparse.Namespace) -> int:
     from gptlab.align.model_folders import load_model, load_model_tokenizer
-    from gptlab.export.gguf import check_gguf_out, gguf_architecture, write_gguf
-    from gptlab.export.gguf_vocab import modelfile_path, write_modelfile
+    from gptlab.export.gguf import check_gguf_out, export_gguf, gguf_architecture
+    from gptlab.export.gguf_vocab import modelfile_path
 
     check_gguf_out(args.out, force=args.force)  # before the model is read: a wrong OUT costs nothing
     if args.modelfile:
@@ -70,10 +70,9 @@ def run_export_gguf(args: argparse.Namespace) -> int:
     model, path = load_model(args.checkpoint)
     architecture = gguf_architecture(model)  # before the tokenizer is read
     tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
-    out = write_gguf(model, tokenizer, args.out, type=args.type, force=args.force)
+    out, modelfile = export_gguf(model, tokenizer, args.out, type=args.type, force=args.force, modelfile=args.modelfile)
     print(f"exported {args.checkpoint} ({model.config.arch}, {model.num_params():,} parameters) as GGUF {args.type} "
           f"(llama.cpp architecture {architecture}) with its tokenizer ({tokenizer.vocab_size:,} ids) to {out}")
-    if args.modelfile:
-        modelfile = write_modelfile(out, tokenizer, force=args.force)
+    if modelfile is not None:
         print(f"wrote {modelfile}: ollama create NAME -f {modelfile}")
     return 0

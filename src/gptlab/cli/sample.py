@@ -3,7 +3,7 @@
 The model is any folder gptlab makes or reads (gptlab.align.model_folders): a run
 folder, a checkpoint, a Hugging Face folder. The tokenizer is `--tokenizer`,
 else the one saved with the model. Generation stops at the tokenizer's
-end-of-text id and never draws an id the tokenizer cannot decode. With --num-samples N the samples run one after the
+end-of-text id (and a chat model's at its end-of-turn, `<|end|>`) and never draws an id the tokenizer cannot decode. With --num-samples N the samples run one after the
 other, sample k seeded with seed + k, separated by a line of dashes.
 
 With --best-of N --reward SPEC each sample is the best of N candidates drawn together (sample k's
@@ -108,14 +108,21 @@ def load_reward(args: argparse.Namespace):
 
 
 def text_prompts(args: argparse.Namespace, tokenizer) -> tuple[list, tuple[int, ...]]:
-    """--prompt, once per sample: (shown text, ids, no example), and the end-of-text stop token."""
+    """--prompt, once per sample: (shown text, ids, no example), and the stop tokens: end-of-text, and a chat model's
+    end-of-turn (past it a chat model writes the next turn's junk, which a --best-of reward would score as the reply)."""
+    from gptlab.chat import ChatFormat
+
     eot = tokenizer.eot_id
     ids = tokenizer.encode(args.prompt, allowed_special="all")
     if not ids:
         if eot is None:
             raise GptlabError("the prompt is empty and the tokenizer has no end-of-text token to start from; give --prompt TEXT")
         ids = [eot]
-    return [(args.prompt, ids, None)] * args.num_samples, () if eot is None else (eot,)
+    try:
+        stops = ChatFormat(tokenizer).stop_tokens
+    except GptlabError:  # not a chat model
+        stops = () if eot is None else (eot,)
+    return [(args.prompt, ids, None)] * args.num_samples, stops
 
 
 def task_prompts(args: argparse.Namespace, tokenizer) -> tuple[list, tuple[int, ...]]:

@@ -178,6 +178,15 @@ class QualityClassifier:
         return cls(ClassifierConfig(**metadata["config"]), weights, metadata["bias"], metadata["training"])
 
 
+def is_classifier_file(path: str | Path) -> bool:
+    """Whether `path` is a file QualityClassifier.save wrote (any version): what `--force` may replace."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return json.loads(str(archive["metadata"])).get("format") == FORMAT
+    except (OSError, ValueError, KeyError, AttributeError, zipfile.BadZipFile):
+        return False
+
+
 def train_quality_classifier(positives: Iterable[str], negatives: Iterable[str], *,
                              config: ClassifierConfig | None = None) -> QualityClassifier:
     """A classifier scoring texts like `positives` (e.g. pages cited by Wikipedia) near 1, like `negatives` near 0.

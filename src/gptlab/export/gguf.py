@@ -1,6 +1,7 @@
 """A model and its tokenizer as one GGUF file, the format llama.cpp and Ollama run, written with llama.cpp's `gguf` package.
 
     write_gguf(model, tokenizer, "out/model.gguf", type="f16")   ->  Path("out/model.gguf")
+    export_gguf(model, tokenizer, "out/model.gguf", modelfile=True) ->  (that, Path("out/model.Modelfile"))
 
 Architectures, as llama.cpp names them (the choice is gptlab.model.hf.native_architecture's, the one the Hugging Face
 export makes): GPT2LMHeadModel -> "gpt2"; LlamaForCausalLM -> "llama"; Qwen2ForCausalLM -> "qwen2"; Qwen3ForCausalLM
@@ -37,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gptlab.export.gguf_vocab import check_gguf_tokenizer, write_tokenizer
+from gptlab.export.gguf_vocab import check_gguf_tokenizer, modelfile_path, write_modelfile, write_tokenizer
 from gptlab.export.hf import check_exportable
 from gptlab.model import GPT, ModelConfig
 from gptlab.model import hf as model_hf
@@ -267,3 +268,26 @@ def write_gguf(model: GPT, tokenizer, path: str | os.PathLike, *, type: str = "f
                 path.parent.rmdir()
         raise
     return path
+
+
+def export_gguf(model: GPT, tokenizer, path: str | os.PathLike, *, type: str = "f16", force: bool = False,
+                modelfile: bool = False) -> tuple[Path, Path | None]:
+    """write_gguf, and with `modelfile` OUT.Modelfile beside it: both paths are checked before either is written, and a
+    GGUF file this call made goes again if the Modelfile cannot be written (a failed export leaves nothing behind)."""
+    check_gguf_out(path, force=force)
+    if modelfile:
+        modelfile_path(path, force=force)
+    path = Path(path)
+    existed, made_parent = path.exists(), not path.parent.exists()
+    out = write_gguf(model, tokenizer, path, type=type, force=force)
+    if not modelfile:
+        return out, None
+    try:
+        return out, write_modelfile(out, tokenizer, force=force)
+    except BaseException:
+        if not existed:
+            out.unlink(missing_ok=True)
+        if made_parent:
+            with contextlib.suppress(OSError):
+                out.parent.rmdir()
+        raise

@@ -136,6 +136,9 @@ def ollama_modelfile(gguf_name: str, tokenizer) -> str:
 def modelfile_path(gguf_path: str | os.PathLike, *, force: bool = False) -> Path:
     """OUT.Modelfile beside the GGUF file, if it may be written: new, or (with force) an earlier Modelfile of ours."""
     path = Path(gguf_path).with_suffix(".Modelfile")
+    if path.absolute() == Path(gguf_path).absolute():  # OUT.Modelfile: the GGUF file would be written where the Modelfile goes
+        raise GptlabError(f"OUT {gguf_path} is where --modelfile writes the Modelfile; name the GGUF file "
+                          f"{path.with_suffix('.gguf')} (the Modelfile then goes to {path})")
     if path.is_dir() or (path.exists() and not path.read_text(errors="replace").startswith("FROM ./")):
         raise GptlabError(f"{path} exists and is not a Modelfile this command wrote; move it or leave out --modelfile")
     if path.exists() and not force:

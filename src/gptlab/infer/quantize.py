@@ -14,7 +14,9 @@ on top of it; so the table is quantised too, to int8 per row, which a lookup rea
 layer shares that int8 matrix under both schemes (the tie is kept): an int4 head beside the int8 table made the
 int4 model 120 MB, sharing makes it 96 MB (int8: 128 MB), for a slower head (int8 kernel 5.0 ms vs int4 2.7 ms per
 token on 1 thread). An untied output layer follows the scheme. Learned position tables stay as they are (small).
-Mixture-of-experts expert stacks (gptlab.model.moe) and their routers stay in full precision: the swap skips
+int4 groups run along a layer's inputs; where group_size does not divide them (a width of 48 and groups of 32),
+the weight gets zero columns and each input zeros up to the next multiple: those columns meet only zeros and add
+nothing to the output (the last group's range spans the zeros too), for a few more multiply-adds. Mixture-of-experts expert stacks (gptlab.model.moe) and their routers stay in full precision: the swap skips
 everything inside a MoE layer and refuses nothing.
 
 The readable reference is `quantize_int8` / `quantize_int4` and `dequantize_int8` / `dequantize_int4` below, and
@@ -104,6 +106,7 @@ class QuantizedLinear(nn.Module):
         super().__init__()
         self.scheme, self.group_size = scheme, group_size
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.padded_in = self.in_features  # int4: the inputs as the kernels see them (a multiple of group_size)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         weight = linear.weight.detach()
         if scheme == "int8":
@@ -111,13 +114,16 @@ class QuantizedLinear(nn.Module):
             self.register_buffer("q", q)
             self.register_buffer("scale", scale)
             self.register_buffer("kernel_scale", scale.to(KERNEL_DTYPE), persistent=False)
-        else:
+        else:  # inputs the groups do not divide: zero columns up to a multiple; they meet zero inputs, adding nothing
+            self.padded_in = self.in_features + -self.in_features % group_size
+            weight = F.pad(weight, (0, self.padded_in - self.in_features))
             packed, scales_and_zeros = _pack_int4(*quantize_int4(weight, group_size))
             self.register_buffer("packed", packed)
             self.register_buffer("scales_and_zeros", scales_and_zeros)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(KERNEL_DTYPE).contiguous()
+        flat = x.reshape(-1, self.in_features).to(KERNEL_DTYPE)
+        flat = (F.pad(flat, (0, self.padded_in - self.in_features)) if self.padded_in > self.in_features else flat).contiguous()
         if self.scheme == "int8" and x.device.type == "cuda":
             y = F.linear(flat, self.q.to(KERNEL_DTYPE)) * self.kernel_scale
         elif self.scheme == "int8":
@@ -134,12 +140,12 @@ class QuantizedLinear(nn.Module):
         layout is opaque), as torchao's int4 layouts do: exact on a CPU (fp32 in and out), bf16-rounded on CUDA."""
         if self.scheme == "int8":
             return dequantize_int8(self.q, self.scale)
-        identity = torch.eye(self.in_features, device=self.packed.device)
+        identity = torch.eye(self.padded_in, device=self.packed.device)
         if identity.device.type == "cuda":
             columns = torch._weight_int4pack_mm(identity.to(KERNEL_DTYPE), self.packed, self.group_size, self.scales_and_zeros)
         else:
             columns = torch._weight_int4pack_mm_for_cpu(identity, self.packed, self.group_size, self.scales_and_zeros.float())
-        return columns[:, : self.out_features].float().t().contiguous()
+        return columns[: self.in_features, : self.out_features].float().t().contiguous()
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """The readable path: the dequantised weight, then F.linear in float32."""
@@ -181,10 +187,6 @@ def check_quantizable(model: GPT, scheme: str, group_size: int) -> tuple[torch.d
             raise GptlabError(f"int4 group_size must be one of {', '.join(map(str, GROUP_SIZES))} (the kernels'), got {group_size}")
         if weight.device.type == "cuda" and torch.cuda.get_device_capability(weight.device)[0] < 8:
             raise GptlabError(f"int4 on CUDA needs compute capability 8.0 or newer (tinygemm); {weight.device} is older: use int8")
-        for name, linear in _linears(model):
-            if linear.in_features % group_size:
-                raise GptlabError(f"int4 group_size {group_size} does not divide {name}'s {linear.in_features} inputs; "
-                                  f"use a group_size that divides every layer's inputs (e.g. 32)")
     return weight.device, weight.dtype
 
 
@@ -205,7 +207,8 @@ def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
 def quantize_model(model: GPT, scheme: str, *, group_size: int = 32) -> GPT:
     """Swap the model's linear layers (and token embedding) for quantised ones, in place; returns the model.
 
-    scheme "int8" | "int4"; group_size: inputs per int4 group (32, 64, 128 or 256, dividing every layer's inputs)."""
+    scheme "int8" | "int4"; group_size: inputs per int4 group (32, 64, 128 or 256; a layer whose inputs it does not
+    divide gets zero columns up to a multiple, so any width quantises)."""
     _, dtype = check_quantizable(model, scheme, group_size)
     tied = model.lm_head.weight is model.transformer["wte"].weight
     table = quantize_int8(model.transformer["wte"].weight.detach())

@@ -21,7 +21,7 @@ Not here: the layers (gptlab.model.gpt).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from gptlab.runtime import GptlabError
 
@@ -64,6 +64,12 @@ class MoEConfig:
         for name in ("n_experts", "n_shared", "expert_hidden", "first_dense"):
             if getattr(self, name) < 0:
                 raise GptlabError(f"moe.{name} must be 0 or more, got {getattr(self, name)}")
+        if not self.n_experts:  # a dense model: a setting of its experts would be silently ignored
+            unused = [f.name for f in fields(self) if f.name != "n_experts" and getattr(self, f.name) != f.default]
+            if unused:
+                name = unused[0]
+                raise GptlabError(f"moe.{name} {getattr(self, name)} does nothing in a dense model (moe.n_experts 0): set "
+                                  f"--model.moe.n-experts N for a mixture of experts, or leave out --model.moe.{name.replace('_', '-')}")
         if self.n_experts and not 1 <= self.top_k <= self.n_experts:
             raise GptlabError(f"moe.top_k must be between 1 and moe.n_experts ({self.n_experts}), got {self.top_k}")
         if self.every < 1:

@@ -168,8 +168,12 @@ def describe(config: ParallelConfig) -> str:
     return words + shard
 
 
-def check_config(config: ParallelConfig, *, compile: bool) -> None:
-    """What the Trainer cannot combine (one line each)."""
+def check_config(config: ParallelConfig, *, compile: bool, moe: bool = True) -> None:
+    """What the Trainer cannot combine (one line each), refused in one process as under torchrun, so a command tried
+    on one machine fails there and not later on many. `moe`: the model has sparse layers, whose experts expert_parallel shards."""
+    if config.expert_parallel and not moe:
+        raise GptlabError("--parallel.expert-parallel shards the experts of a mixture of experts, and this model is dense "
+                          "(moe.n_experts 0): set --model.moe.n-experts N, or leave out --parallel.expert-parallel")
     if config.fsdp and compile:
         raise GptlabError("fsdp with compile is not supported here (compile would have to wrap each block before "
                           "sharding); drop --compile or --parallel.fsdp")

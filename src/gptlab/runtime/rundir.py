@@ -13,8 +13,9 @@ for them ("asked", recorded beside the config that ran) where the record has
 them: a value gptlab derived (a warmup shortened to fit the run) is never
 reported as a change the user made. Anything else is refused with one line that
 says what is there and what to pass: other settings (`--force` starts over,
-clearing that run's own files and nothing else), a folder that is not a
-gptlab run (never touched: pass a new or empty `--out`), a file.
+clearing that run's own files and nothing else), another command's run (never
+replaced, not even with `--force`: pass another `--out`), a folder that is not
+a gptlab run (never touched: pass a new or empty `--out`), a file.
 Not here: what a run writes (gptlab.pipeline, gptlab.train).
 """
 
@@ -156,11 +157,11 @@ def claim_run_folder(path: str | os.PathLike, *, command: str, config: dict, our
                           f"gptlab never deletes what it did not make: pass a new or empty {out_flag}")
     if record is not None:
         held = [name for name in entries if name != MARKER]
+        if record.get("command") != command:  # --force replaces this command's own output, never another's
+            raise GptlabError(f"{out_flag} {path} holds a `gptlab {record.get('command')}` run, not a `gptlab {command}` one, "
+                              f"and --force never replaces another command's folder; pass another {out_flag}")
         if force:
             clear_run_files(path, ours)
-        elif record.get("command") != command:
-            raise GptlabError(f"{out_flag} {path} holds a `gptlab {record.get('command')}` run, not a `gptlab {command}` one; "
-                              f"pass another {out_flag}, or --force to start over (clears that run's files)")
         else:
             both = asked is not None and "asked" in record
             before, now = (record["asked"], asked) if both else (record.get("config", {}), config)

@@ -42,7 +42,7 @@ class TrainConfig:
     eval_every: int = 100  # steps between val evaluations (0: only at the end)
     eval_batches: int = 20  # val batches per evaluation during training
     sample_every: int = 0  # steps between printed samples (0: only at the end)
-    sample_tokens: int = 200  # tokens per printed sample
+    sample_tokens: int = 200  # tokens per printed sample (0: no samples, not even at the end)
     hellaswag_every: int = 0  # steps between HellaSwag evaluations (0: never); needs a tokenizer
     hellaswag_path: str = ""  # the official validation jsonl (default: the cached download)
     hellaswag_limit: int = 0  # examples per evaluation (0: all 10,042)

@@ -72,7 +72,9 @@ class HooksMixin:
         self.print(f"step {self.state.step:>6}: " + ", ".join(f"{key} {value:.4f}" for key, value in scores.items()))
 
     def _sample(self) -> None:
-        if self.sample_fn is None or self.tokenizer is None or not self.runtime.is_main or sharded_forward(self.model):
+        if not self.config.sample_tokens or self.sample_fn is None or self.tokenizer is None or not self.runtime.is_main:
+            return  # --sample-tokens 0: no samples
+        if sharded_forward(self.model):
             return  # under FSDP or expert parallelism a forward on rank 0 alone would wait forever for the others
         was_training = self.model.training
         self.model.eval()

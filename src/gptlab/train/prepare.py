@@ -33,7 +33,7 @@ from gptlab.data.shards import read_manifest
 from gptlab.eval.loss import load_token_bytes
 from gptlab.model import GPT
 from gptlab.model.hf import load_pretrained_directory, pretrained_path, read_pretrained_config
-from gptlab.parallel.wrap import check_config, parallelize
+from gptlab.parallel.wrap import parallelize
 from gptlab.runs.machine import MACHINE_FILE
 from gptlab.runs.report import REPORT_FILE
 from gptlab.runs.samples import SAMPLES_FILE
@@ -198,7 +198,6 @@ class PrepareMixin:
         config, runtime = self.config, self.runtime
         wrapped: torch.nn.Module = model
         if runtime.distributed:
-            check_config(config.parallel, compile=config.compile)
             if config.parallel.fsdp and not self.fsdp_ok:
                 raise GptlabError(f"gptlab {self.command} does not support --parallel.fsdp; use --parallel.shard-optimizer zero1 "
                                   "to shard the optimizer state")

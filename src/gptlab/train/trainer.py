@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 from gptlab.model import GPT
-from gptlab.parallel.wrap import clip_gradients, finish_gradient_synchronization, no_sync
+from gptlab.parallel.wrap import check_config, clip_gradients, finish_gradient_synchronization, no_sync
 from gptlab.runtime import GptlabError
 from gptlab.runtime.device import Runtime, init_runtime
 from gptlab.runtime.processes import ctrl_c_deferred
@@ -117,6 +117,7 @@ class Trainer(PrepareMixin, ResumeMixin, MicroBatchMixin, HooksMixin):
         self.moe_layers: list = []  # the model's sparse feed-forward layers, found when it is built (fit)
         self.moe_numbers: list[int] = []  # ... and their block numbers
         self.config = self._check_before_compute(config)
+        check_config(self.config.parallel, compile=self.config.compile, moe=self.config.model.is_moe)  # the model as resolved
 
     # ------------------------------------------------------------ the loop
 
