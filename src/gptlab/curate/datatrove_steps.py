@@ -33,7 +33,8 @@ except ImportError:  # the module still imports; building a step says what to in
 
 def _need_datatrove() -> None:
     if DatatroveDocument is None:
-        raise GptlabError("the datatrove steps need datatrove: pip install datatrove")
+        raise GptlabError("the datatrove steps need the datatrove package, from gptlab's 'curate' extra: "
+                          "make install-curate (or pip install 'gptlab[curate]')")
 
 
 def to_gptlab(document) -> Document:
