@@ -65,7 +65,7 @@ def test_gptlab_command_is_the_path_typed_from_here_when_gptlab_is_not_on_path(t
     monkeypatch.setattr(sys, "argv", [".venv/bin/gptlab", "run"])  # as `make demo` starts it
     monkeypatch.setenv("PATH", str(tmp_path / "elsewhere"))
     assert gptlab_command() == ".venv/bin/gptlab"
-    assert activation_hint(".venv/bin/gptlab") == "or first: source .venv/bin/activate   (then type gptlab alone)"
+    assert activation_hint(".venv/bin/gptlab") == "to type gptlab alone: source .venv/bin/activate"
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     monkeypatch.setattr(sys, "argv", [str(script), "run"])

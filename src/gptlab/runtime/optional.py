@@ -67,4 +67,4 @@ def activation_hint(command: str) -> str:
     activate = Path(command).parent / "activate"
     if command == "gptlab" or not activate.is_file():
         return ""
-    return f"or first: source {activate.as_posix()}   (then type gptlab alone)"
+    return f"to type gptlab alone: source {activate.as_posix()}"
