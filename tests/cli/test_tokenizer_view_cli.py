@@ -9,19 +9,17 @@ import signal
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 from gptlab.cli.main import main
 from gptlab.serve.token_view import DEFAULT_NAMES
 from gptlab.tokenizer.pretrained import available_offline
 from tests.conftest import with_ctrl_c
-
-SRC = Path(__file__).resolve().parents[2] / "src"
+from tests.plain_install import plain_environment
 
 
 def start(*args: str) -> tuple[subprocess.Popen, str, int]:
-    """A `gptlab ...` child and the host and port from the address it prints once it listens."""
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    """A `gptlab ...` child, seeing only the plain install, and the host and port it prints once it listens."""
+    env = plain_environment(dict(os.environ))  # the default tokenizers' files come with the plain install
     child = subprocess.Popen([sys.executable, "-m", "gptlab.cli.main", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, env=env, preexec_fn=with_ctrl_c)
     lines = []

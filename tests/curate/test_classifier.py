@@ -325,7 +325,7 @@ def test_fasttext_filter_explains_a_missing_file_a_bad_file_and_an_unknown_label
 
 def test_fasttext_filter_says_what_to_install_without_fasttext(fasttext_model, monkeypatch):
     monkeypatch.setitem(sys.modules, "fasttext", None)  # import fasttext now raises ImportError
-    with pytest.raises(GptlabError, match="pip install fasttext-wheel"):
+    with pytest.raises(GptlabError, match="needs the fasttext-wheel package, from gptlab's 'curate' extra: make install-curate"):
         FastTextFilter(FastTextConfig(path=fasttext_model, label="__label__toxic"))
 
 

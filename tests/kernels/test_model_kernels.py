@@ -132,5 +132,5 @@ def test_kernels_import_without_triton_and_say_how_to_get_it(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "triton", None)  # as if not installed: `import triton` fails
     monkeypatch.delitem(sys.modules, "gptlab.kernels.triton_rmsnorm", raising=False)
-    with pytest.raises(GptlabError, match="triton is not installed; pip install triton"):
+    with pytest.raises(GptlabError, match="needs the triton package, from gptlab's 'kernels' extra: make install-kernels"):
         triton_rms_norm(torch.ones(2, 16), torch.ones(16), 1e-5)

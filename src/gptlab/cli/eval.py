@@ -28,6 +28,7 @@ from pathlib import Path
 
 from gptlab.cli.common import DEVICE_HELP, add_quantize_argument, positive, quantize_loaded
 from gptlab.runtime import GptlabError
+from gptlab.runtime.optional import require
 
 TASK_NAMES = ("hellaswag",)
 
@@ -102,6 +103,8 @@ def run_eval(args: argparse.Namespace) -> int:
     from gptlab.runtime.device import autocast, init_runtime, resolve_precision, shutdown_runtime
 
     check_usage(args)
+    if args.harness:  # said before any weights load
+        require("lm_eval", extra="harness", purpose="--harness")
     runtime = init_runtime(args.device)
     try:
         path = find_model(args.checkpoint)
@@ -246,10 +249,8 @@ def evaluate_task(model, tokenizer, args: argparse.Namespace, context, say) -> d
 
 def evaluate_with_harness(model, tokenizer, args: argparse.Namespace, say) -> dict:
     """Any lm-evaluation-harness task, through gptlab.eval.harness's registered model."""
-    try:
-        from gptlab.eval.harness import evaluate_harness, results_table
-    except ImportError as error:
-        raise GptlabError(f"--harness needs lm-evaluation-harness: pip install lm-eval ({error})") from None
+    from gptlab.eval.harness import evaluate_harness, results_table
+
     results = evaluate_harness(
         model, tokenizer, [task for task in args.harness.split(",") if task], limit=args.limit,
         batch_size=args.batch_size, precision=args.precision, num_fewshot=args.num_fewshot,

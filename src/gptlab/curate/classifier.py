@@ -36,6 +36,7 @@ from scipy.special import expit
 from gptlab.curate.document import Document, Filter
 from gptlab.curate.minhash import utf8
 from gptlab.runtime import GptlabError, atomic_write_bytes
+from gptlab.runtime.optional import require
 from gptlab.runtime.processes import one_blas_thread
 
 FORMAT = "gptlab-quality-classifier"
@@ -337,10 +338,7 @@ def load_fasttext_model(path: str | Path):
     if not path.is_file():
         raise GptlabError(f"fastText model {path} not found: download the .bin model you want and give its path "
                           f"(gptlab never downloads one)")
-    try:
-        import fasttext
-    except ImportError:
-        raise GptlabError("fastText classifiers need the fasttext package: pip install fasttext-wheel") from None
+    fasttext = require("fasttext", extra="curate", purpose="a fastText classifier")
     with contextlib.redirect_stderr(io.StringIO()):  # load_model warns on every call that it returns a FastText object
         try:
             return fasttext.load_model(str(path))

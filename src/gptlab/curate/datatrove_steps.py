@@ -9,7 +9,7 @@
 gptlab's readers; `GptlabStep` runs one per-document stage (extraction, language, Gopher, repetition, classifiers,
 PII) on datatrove's Documents and counts what it drops, by reason, in datatrove's stats. Corpus-wide deduplication
 is not a per-document step: at scale use datatrove's own multi-stage MinHash (signatures, buckets, clusters,
-filter) on the output, or `gptlab data curate` on one machine. datatrove is optional: `pip install datatrove`.
+filter) on the output, or `gptlab data curate` on one machine. datatrove is optional: gptlab's `curate` extra (`make install-curate`).
 Not here: the stages (the other gptlab.curate modules).
 """
 
@@ -33,7 +33,8 @@ except ImportError:  # the module still imports; building a step says what to in
 
 def _need_datatrove() -> None:
     if DatatroveDocument is None:
-        raise GptlabError("the datatrove steps need datatrove: pip install datatrove")
+        raise GptlabError("the datatrove steps need the datatrove package, from gptlab's 'curate' extra: "
+                          "make install-curate (or pip install 'gptlab[curate]')")
 
 
 def to_gptlab(document) -> Document:

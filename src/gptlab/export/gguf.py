@@ -174,7 +174,7 @@ def _gpt2_tensors(model: GPT) -> dict[str, torch.Tensor]:
 
 
 def gguf_package():
-    """llama.cpp's `gguf` package, imported when a file is written (a dev extra; gptlab's other commands never need it)."""
+    """llama.cpp's `gguf` package, imported when a file is written (a dependency; only this writer needs it)."""
     try:
         import gguf
     except ImportError:

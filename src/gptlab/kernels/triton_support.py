@@ -8,24 +8,19 @@ TRITON_INTERPRET=1 is set as the kernel module is imported: `triton.jit` reads i
 from __future__ import annotations
 
 import functools
-import importlib
 from types import ModuleType
 
 import torch
 
 from gptlab.runtime import GptlabError
+from gptlab.runtime.optional import require
 
-TRITON_MISSING = "triton is not installed; pip install triton (or use attention 'sdpa' and norm_impl 'torch')"
+TRITON_PURPOSE = "gptlab's Triton kernels (or use attention 'sdpa' and norm_impl 'torch')"
 
 
 def load_triton_module(name: str) -> ModuleType:
     """gptlab.kernels.<name>, which imports triton; GptlabError when triton is not installed."""
-    try:
-        return importlib.import_module(f"gptlab.kernels.{name}")
-    except ModuleNotFoundError as error:
-        if error.name != "triton" and not (error.name or "").startswith("triton."):
-            raise
-        raise GptlabError(TRITON_MISSING) from None
+    return require(f"gptlab.kernels.{name}", extra="kernels", purpose=TRITON_PURPOSE, needs="triton")
 
 
 def is_interpreted(kernel) -> bool:

