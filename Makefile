@@ -60,10 +60,9 @@ install-curate: $(VENV)/.installed-curate
 install-kernels: $(VENV)/.installed-kernels
 install-docs: $(VENV)/.installed-docs
 install-all: $(VENV)/.installed-all
-# llama-cpp-python compiles llama.cpp as install-dev does (its LLAMA_CMAKE_ARGS)
-$(VENV)/.installed-llama: $(VENV)/.installed
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2) \
-		$(PIP) install -q -c $(LOCK) -e ".[llama]"
+# llama-cpp-python, compiled as install-dev compiles it ($(VENV)/.llama above, with its LLAMA_CMAKE_ARGS)
+$(VENV)/.installed-llama: $(VENV)/.installed $(VENV)/.llama
+	$(PIP) install -q -c $(LOCK) -e ".[llama]"
 	touch $@
 install-llama: $(VENV)/.installed-llama
 
