@@ -32,6 +32,7 @@ from gptlab.model import GPT, ModelConfig
 from gptlab.model import hf as model_hf
 from gptlab.model.io import save_safetensors
 from gptlab.runtime import GptlabError, atomic_write_text
+from gptlab.runtime.config import flag
 
 CONFIG_MODULE, MODELING_MODULE = "configuration_gptlab", "modeling_gptlab"
 CUSTOM_CODE_FILES = (f"{CONFIG_MODULE}.py", f"{MODELING_MODULE}.py")
@@ -68,7 +69,7 @@ def check_exportable(config: ModelConfig) -> None:
            if field.name not in COMPUTED_FIELDS and getattr(config, field.name) != getattr(defaults, field.name)]
     if bad:
         settings = ", ".join(f"{name}={getattr(config, name)!r}" for name in bad)
-        flags = " ".join(f"--model.{name} {getattr(defaults, name)}" for name in bad)
+        flags = " ".join(f"{flag('model.' + name)} {getattr(defaults, name)}" for name in bad)
         raise GptlabError(f"cannot export this model: {settings} is not computed by the exported modeling code; "
                           f"a model trained with {flags} exports")
 
