@@ -12,9 +12,12 @@ def register(stages) -> None:
 
     parser = stages.add_parser(
         "run",
-        help="run the whole pipeline end to end (default: Shakespeare on this machine)",
+        help="run the whole pipeline end to end on a corpus (default: Shakespeare; --corpus DIR|FILE|hf:NAME for your own)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Corpus -> tokenizer -> shards -> training -> evaluation -> sample, every artefact under --out. "
+        description="Corpus -> tokenizer -> shards -> training -> evaluation -> sample -> fine-tuning -> chat -> report cards, "
+        "every artefact under --out (default runs/<the corpus's name>). --corpus takes the built-in shakespeare, a folder or "
+        "file of text (any text files; binary ones are skipped) or hf:NAME[:CONFIG]; what the built-in corpus has and "
+        "yours may not (a held-out split, a sample prompt) is derived from your text, and said. "
         "Rerunning the same command reuses the finished stages and resumes training; other settings into the "
         "same --out are refused (--force starts over).",
         epilog="config fields (dotted, --key value or --key=value):\n" + describe_fields(RunConfig(), skip=FIXED_FIELDS),
