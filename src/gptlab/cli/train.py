@@ -124,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
 
     derived = follow_seq_len(train_preset(args.preset), dict(parse_overrides(args.overrides)))
     if derived and args.depth is None:
-        print(f"--seq-len {config.seq_len}: {describe_derived(derived)} follow it (set them to choose)")
+        verb = "follow" if len(derived) > 1 else "follows"
+        print(f"--seq-len {config.seq_len}: {describe_derived(derived)} {verb} it (set {'them' if len(derived) > 1 else 'it'} to choose)")
     if args.from_fit:
         tokens = config.max_steps * config.batch_tokens
         print(f"from the fit {args.from_fit}: depth {args.depth} trains {tokens:,} tokens in {config.max_steps:,} steps, "
