@@ -47,3 +47,14 @@ def test_train_with_only_seq_len_changed_runs_and_says_what_followed(prepared, t
     printed = capsys.readouterr().out
     assert "--seq-len 48: --model.block-size 48 and --batch-tokens 2112 follow it (set them to choose)" in printed
     assert "finished after 1 steps" in printed
+
+
+def test_gptlab_run_brings_the_block_size_and_batch_along_with_train_seq_len():
+    from gptlab.cli.run import resolve_config as resolve_run
+
+    config, said = resolve_run(["--train.seq-len", "256"])
+    assert (config.train.seq_len, config.train.model.block_size, config.train.batch_tokens) == (256, 256, 4096)
+    assert said == "--train.seq-len 256: --train.model.block-size 256 and --train.batch-tokens 4096 follow it"
+    config, said = resolve_run(["--train.seq-len", "64"])
+    assert (config.train.model.block_size, config.train.batch_tokens) == (64, 2048) and said.endswith("block-size 64 follows it")
+    assert resolve_run([])[1] == ""

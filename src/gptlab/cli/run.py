@@ -26,10 +26,26 @@ def register(stages) -> None:
     parser.set_defaults(handler=run, accepts_overrides=True)
 
 
-def run(args: argparse.Namespace) -> int:
-    from gptlab.pipeline import FIXED_FIELDS, RunConfig, run_pipeline
-    from gptlab.runtime.config import apply_overrides
+def resolve_config(overrides: list[str]):
+    """The run's config from its flags; a --train.seq-len alone brings the model's block_size and the batch along,
+    as in `gptlab train` (gptlab.cli.train.follow_seq_len). Returns (config, what followed, in words)."""
+    from gptlab.cli.train import describe_derived, follow_seq_len
+    from gptlab.pipeline import FIXED_FIELDS, RunConfig
+    from gptlab.runtime.config import apply_overrides, parse_overrides
 
-    config = apply_overrides(RunConfig(), args.overrides, fixed=FIXED_FIELDS)
+    base = RunConfig()
+    given = {key[len("train."):]: value for key, value in parse_overrides(overrides) if key.startswith("train.")}
+    derived = {f"train.{key}": value for key, value in follow_seq_len(base.train, given).items()}
+    config = apply_overrides(base, overrides, fixed=FIXED_FIELDS, defaults=derived)
+    said = f"--train.seq-len {config.train.seq_len}: {describe_derived(derived)} follow{'s' * (len(derived) == 1)} it" if derived else ""
+    return config, said
+
+
+def run(args: argparse.Namespace) -> int:
+    from gptlab.pipeline import run_pipeline
+
+    config, said = resolve_config(args.overrides)
+    if said:
+        print(said)
     run_pipeline(config, color=sys.stdout.isatty(), force=args.force)
     return 0
