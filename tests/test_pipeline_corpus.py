@@ -157,3 +157,13 @@ def test_a_held_out_text_shorter_than_one_batch_names_the_flags_that_fit_it(tmp_
     fix = err.split("pass ")[1].split(",")[0].split()
     assert fix[0] == "--train.micro-batch" and not out.exists()
     assert main(["run", "--corpus", str(tmp_path / "small"), "--out", str(out), *TINY, *fix]) == 0
+
+
+def test_the_fine_tuning_stage_names_its_flags_as_gptlab_run_spells_them(tmp_path, capsys):
+    files = write_corpus(tmp_path / "notes")
+    args = ["run", "--corpus", str(files[0].parent), "--out", str(tmp_path / "run"), *TINY,
+            "--train.model.block-size", "64", "--sft.seq-len", "128", "--sft.batch-tokens", "1024"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--sft.seq-len 128 is longer than the context of the model it starts from" in err
+    assert "pass --sft.seq-len 64 or less" in err

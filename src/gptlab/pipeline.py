@@ -32,7 +32,7 @@ from gptlab.infer.generate import SamplingConfig, generate
 from gptlab.model import ModelConfig
 from gptlab.model.io import load_model
 from gptlab.runtime import GptlabError, atomic_write_text
-from gptlab.runtime.config import config_to_json, field_defaults
+from gptlab.runtime.config import config_to_json, field_defaults, prefix_flags
 from gptlab.runtime.device import init_runtime
 from gptlab.runtime.rundir import RunFolder, claim_run_folder
 from gptlab.tokenizer import SentencePieceTokenizer, Tokenizer
@@ -140,19 +140,22 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
                               force=force, legacy=_made_by_an_earlier_gptlab, defaults=field_defaults(RunConfig))
     if folder.status == "resume":
         log(f"resuming the run in {out} (same settings): finished stages are reused")
-    trainer = None
+    trainer, training = None, False
     try:
         tokenizer, tokenizer_seconds, stats, data_dir, train_config = prepare_stages(config, corpus, folder, log, color)
         model_config = train_config.model
         log(f"[5/{STAGES}] train: {model_config.arch} {model_config.n_layer} layers x {model_config.n_embd} wide, "
             f"{_length(train_config)} of {train_config.batch_tokens:,} tokens a step")
         runtime = init_runtime(train_config.device)
+        training = True
         trainer = Trainer(train_config, runtime=runtime, log=lambda line: log("      " + line))
         trained = trainer.fit()
-    except GptlabError:  # refused for bad input before training began: a new run leaves nothing behind
+    except GptlabError as error:  # refused for bad input before training began: a new run leaves nothing behind
         if trainer is None or not trainer.started:
             folder.undo()
-        raise
+        if not training:
+            raise
+        raise GptlabError(prefix_flags(str(error), TrainConfig, "train")) from None  # the trainer's flags as typed here
     if trained.status == "interrupted":  # Ctrl-C: the checkpoint is saved; the same command resumes
         log(f"      interrupted: rerun the same command to resume from {trained.checkpoint}")
         raise KeyboardInterrupt
@@ -233,10 +236,13 @@ def _length(config: TrainConfig) -> str:
 
 def sft_stage(config: RunConfig, out: Path, train_config: TrainConfig, trained: TrainResult, runtime, log) -> SFTResult:
     """Fine-tune the pretrained model on the built-in tasks; their held-out accuracy before and after."""
-    sft = dataclasses.replace(config.sft, init_from=str(trained.checkpoint), out=str(out / "sft"), tokenizer=str(out / "tokenizer"),
-                              model=train_config.model, device=train_config.device)
-    log(f"[8/{STAGES}] fine-tune for chat: {sft.max_steps} steps of {sft.batch_tokens:,} tokens on {sft.data}")
-    tuned = run_sft(sft, runtime=runtime, log=lambda line: log("      " + line), flags="sft.")
+    log(f"[8/{STAGES}] fine-tune for chat: {config.sft.max_steps} steps of {config.sft.batch_tokens:,} tokens on {config.sft.data}")
+    try:
+        sft = dataclasses.replace(config.sft, init_from=str(trained.checkpoint), out=str(out / "sft"), tokenizer=str(out / "tokenizer"),
+                                  model=train_config.model, device=train_config.device)
+        tuned = run_sft(sft, runtime=runtime, log=lambda line: log("      " + line), flags="sft.")
+    except GptlabError as error:  # the fine-tuning's flags as this command spells them: --sft.seq-len
+        raise GptlabError(prefix_flags(str(error), SFTConfig, "sft")) from None
     if tuned.status == "interrupted":
         log(f"      interrupted: rerun the same command to resume from {tuned.train.checkpoint}")
         raise KeyboardInterrupt

@@ -55,6 +55,9 @@ def test_gptlab_run_brings_the_block_size_and_batch_along_with_train_seq_len():
     config, said = resolve_run(["--train.seq-len", "256"])
     assert (config.train.seq_len, config.train.model.block_size, config.train.batch_tokens) == (256, 256, 4096)
     assert said == "--train.seq-len 256: --train.model.block-size 256 and --train.batch-tokens 4096 follow it"
-    config, said = resolve_run(["--train.seq-len", "64"])
-    assert (config.train.model.block_size, config.train.batch_tokens) == (64, 2048) and said.endswith("block-size 64 follows it")
+    config, said = resolve_run(["--train.seq-len", "64"])  # fine-tuning's 128-token sequences no longer fit: they follow too
+    assert (config.train.model.block_size, config.train.batch_tokens, config.sft.seq_len, config.sft.batch_tokens) == (64, 2048, 64, 2048)
+    assert said == "--train.seq-len 64: --train.model.block-size 64 and --sft.seq-len 64 follow it"
+    config, _ = resolve_run(["--train.seq-len", "64", "--sft.seq-len", "32"])
+    assert config.sft.seq_len == 32  # what the user set wins
     assert resolve_run([])[1] == ""

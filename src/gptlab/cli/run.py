@@ -28,14 +28,19 @@ def register(stages) -> None:
 
 def resolve_config(overrides: list[str]):
     """The run's config from its flags; a --train.seq-len alone brings the model's block_size and the batch along,
-    as in `gptlab train` (gptlab.cli.train.follow_seq_len). Returns (config, what followed, in words)."""
+    as in `gptlab train` (gptlab.cli.train.follow_seq_len), and a block_size shorter than fine-tuning's sequences
+    brings those (and their batch) along too. Returns (config, what followed, in words)."""
     from gptlab.cli.train import describe_derived, follow_seq_len
     from gptlab.pipeline import FIXED_FIELDS, RunConfig
     from gptlab.runtime.config import apply_overrides, parse_overrides
 
-    base = RunConfig()
-    given = {key[len("train."):]: value for key, value in parse_overrides(overrides) if key.startswith("train.")}
-    derived = {f"train.{key}": value for key, value in follow_seq_len(base.train, given).items()}
+    base, pairs = RunConfig(), parse_overrides(overrides)
+    given = {stage: {key[len(stage) + 1:]: value for key, value in pairs if key.startswith(stage + ".")} for stage in ("train", "sft")}
+    derived = {f"train.{key}": value for key, value in follow_seq_len(base.train, given["train"]).items()}
+    block = derived.get("train.model.block_size")
+    if block is not None and block < base.sft.seq_len and "seq_len" not in given["sft"]:  # fine-tuning fits the model too
+        sft = {"seq_len": block, **follow_seq_len(base.sft, {**given["sft"], "seq_len": str(block)}, model=False)}
+        derived.update({f"sft.{key}": value for key, value in sft.items()})
     config = apply_overrides(base, overrides, fixed=FIXED_FIELDS, defaults=derived)
     said = f"--train.seq-len {config.train.seq_len}: {describe_derived(derived)} follow{'s' * (len(derived) == 1)} it" if derived else ""
     return config, said

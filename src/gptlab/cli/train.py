@@ -83,10 +83,11 @@ def resolve_config(preset: str, overrides: list[str], depth: int | None = None, 
     return apply_overrides(at_depth(config, depth, rule), overrides) if depth is not None else config  # explicit flags still win
 
 
-def follow_seq_len(base, given: dict[str, str]) -> dict:
+def follow_seq_len(base, given: dict[str, str], *, model: bool = True) -> dict:
     """What a --seq-len the user set changes where they did not set it: the model's block_size follows it (the model
     must see whole sequences; not with --init-from, whose model is fixed), and the batch is rounded to the nearest
-    multiple (at least one) of seq_len x micro_batch, so that it divides into micro-batches."""
+    multiple (at least one) of seq_len x micro_batch, so that it divides into micro-batches. `model=False`: the
+    model is not this config's to change (gptlab run's fine-tuning)."""
     if "seq_len" not in given:
         return {}
     try:
@@ -97,7 +98,7 @@ def follow_seq_len(base, given: dict[str, str]) -> dict:
     if seq_len < 1 or micro_batch < 0:
         return {}
     derived = {}
-    if "model.block_size" not in given and not given.get("init_from"):
+    if model and "model.block_size" not in given and not given.get("init_from"):
         derived["model.block_size"] = seq_len
     per_pass = seq_len * max(micro_batch, 1)
     batch_tokens = max(1, round(base.batch_tokens / per_pass)) * per_pass

@@ -75,9 +75,9 @@ class RunCorpus:
 
     def digest(self) -> str:
         """SHA-256 of every document, train then held out: the corpus this run was made from."""
-        train, val = self.sources()
         if self.builtin:
             return ""
+        train, val = self.sources()
         return hashlib.sha256((train.describe()["sha256"] + val.describe()["sha256"]).encode()).hexdigest()
 
 
@@ -103,8 +103,7 @@ def load_run_corpus(spec: str, val_every: int) -> RunCorpus:
         files = shakespeare_files()
         held = files[val_every - 1 :: val_every]
         train = [path for path in files if path not in held]
-        read = lambda paths: [path.read_text(encoding="utf-8") for path in paths]  # noqa: E731
-        return RunCorpus(BUILTIN, read(train), read(held), train, held, where=str(files[0].parent))
+        return RunCorpus(BUILTIN, _read(train), _read(held), train, held, where=str(files[0].parent))
     if not spec:
         raise GptlabError("--corpus is empty; name shakespeare, a folder or file of text, or hf:DATASET")
     source = open_source(spec)
@@ -116,6 +115,10 @@ def load_run_corpus(spec: str, val_every: int) -> RunCorpus:
     train, held, adapted = split_documents(texts, val_every)
     return RunCorpus(corpus_name(spec), train, held, where=where, skipped=getattr(source, "skipped", ""), adapted=adapted,
                      origin=source.describe())
+
+
+def _read(paths: list[Path]) -> list[str]:
+    return [path.read_text(encoding="utf-8") for path in paths]
 
 
 def split_documents(texts: list[str], val_every: int) -> tuple[list[str], list[str], list[str]]:

@@ -218,7 +218,7 @@ def build_config(cls: type, data: dict, *, source: str = "") -> Any:
             try:
                 value = build_config(kind, value, source=f"{source or cls.__name__}.{name}")
             except GptlabError as error:  # its flags as this config's command line spells them: --train.seq-len
-                raise GptlabError(_prefix_flags(str(error), kind, name)) from None
+                raise GptlabError(prefix_flags(str(error), kind, name)) from None
         elif typing.get_origin(kind) is tuple and isinstance(value, list):
             value = tuple(value)
         kwargs[name] = value
@@ -231,7 +231,7 @@ def build_config(cls: type, data: dict, *, source: str = "") -> Any:
 FLAG = re.compile(r"--([a-z][a-z0-9-]*)((?:\.[a-z0-9-]+)*)")
 
 
-def _prefix_flags(message: str, kind: type, name: str) -> str:
+def prefix_flags(message: str, kind: type, name: str) -> str:
     """"--seq-len 256 ..." -> "--train.seq-len 256 ...": a nested config's error names the flags the user types,
     which carry the field's name in front (only flags whose first part is a field of `kind` are changed)."""
     fields = {field.name for field in dataclasses.fields(kind)}
