@@ -167,3 +167,17 @@ def test_the_fine_tuning_stage_names_its_flags_as_gptlab_run_spells_them(tmp_pat
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--sft.seq-len 128 is longer than the context of the model it starts from" in err
     assert "pass --sft.seq-len 64 or less" in err
+
+
+def test_a_single_file_is_cut_at_line_breaks_and_its_last_part_held_out(tmp_path):
+    from gptlab.data.documents import cut_at_lines
+
+    text = sentences(7, lines=1200)
+    parts = cut_at_lines(text, 10)
+    assert "".join(parts) == text and len(parts) == 10 and all(part.endswith("\n") for part in parts)
+    (tmp_path / "book.txt").write_text(text)
+    code, log = run_quietly(["run", "--corpus", str(tmp_path / "book.txt"), "--out", str(tmp_path / "run"), *TINY])
+    assert code == 0, log
+    assert "adapted to this corpus: its one document cut into 10 parts at line breaks;" in log
+    tokenizer = Tokenizer.load(tmp_path / "run" / "tokenizer")
+    assert val_ids(tmp_path / "run") == [tokenizer.eot_id, *tokenizer.encode_ordinary(parts[-1])]
