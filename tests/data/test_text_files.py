@@ -94,3 +94,17 @@ def test_a_folder_of_binary_files_only_is_refused_by_both_commands_leaving_nothi
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "holds only binary files" in err
         assert not (tmp_path / "out").exists()
+
+
+def test_tokenizer_train_reads_records_files_as_data_prepare_does(tmp_path, capsys):
+    from gptlab.tokenizer import Tokenizer
+
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    (folder / "a.txt").write_text("plain text that is one document\n" * 10)
+    records = ["the first record's text", "and the second one, longer than the first"] * 5
+    (folder / "b.jsonl").write_text("".join(json.dumps({"id": i, "text": text}) + "\n" for i, text in enumerate(records)))
+    assert main(["tokenizer", "train", "--input", str(folder), "--vocab-size", "280", "--out", str(tmp_path / "tok")]) == 0
+    # the .jsonl's text fields are its documents, not its raw lines (no "id" or braces learned)
+    reference = Tokenizer.train([(folder / "a.txt").read_text(), *records], vocab_size=280)
+    assert Tokenizer.load(tmp_path / "tok").merges == reference.merges

@@ -117,7 +117,7 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
     start = time.perf_counter()
     tokenizer = Tokenizer.train(
-        files=files,
+        **_documents(files),
         vocab_size=args.vocab_size,
         pattern=pattern,
         special_tokens=specials,
@@ -143,6 +143,14 @@ def _training_files(args: argparse.Namespace) -> list[Path]:
     if scanned.binary:
         print(scanned.skipped_line())
     return scanned.files + (corpus_files(args.corpus) if args.corpus else [])
+
+
+def _documents(files: list[Path]) -> dict:
+    """{"files": text files, "texts": the records of .jsonl/.parquet files}: each read as data prepare reads it."""
+    from gptlab.data.sources import RECORD_SUFFIXES, open_source
+
+    records = [str(path) for path in files if path.suffix in RECORD_SUFFIXES]
+    return {"files": [path for path in files if path.suffix not in RECORD_SUFFIXES], "texts": open_source(records) if records else None}
 
 
 def _claim_out(out: Path, name: str, files: list[Path], args: argparse.Namespace) -> tuple[dict, bool]:
@@ -186,7 +194,7 @@ def run_train_sentencepiece(args: argparse.Namespace) -> int:
     if kept:
         return 0
     start = time.perf_counter()
-    model = train_with_config(config, files=files, progress=sys.stderr.isatty())
+    model = train_with_config(config, **_documents(files), progress=sys.stderr.isatty())
     seconds = time.perf_counter() - start
     path = write_model(model, out / name)
     save_record(out, record)
