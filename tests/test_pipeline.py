@@ -143,7 +143,8 @@ def test_a_run_refused_before_training_leaves_nothing_and_the_corrected_command_
     out = tmp_path / "runs" / "new"
     bad = ["run", "--out", str(out), *SMALL, "--train.micro-batch", "3"]
     assert main(bad) == 1
-    assert "does not divide" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "does not divide" in err and "change --train.batch-tokens or --train.micro-batch" in err  # as this command spells them
     assert not (tmp_path / "runs").exists()
     assert main(["run", "--out", str(out), *SMALL, "--train.max-steps", "1"]) == 0
 

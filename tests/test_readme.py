@@ -126,6 +126,7 @@ RUNS: dict[str, Scale] = {
     "gptlab data prepare shakespeare -t sp8k/ --out data/shakespeare-sp8k": Scale(needs=(SP_TRAIN,)),
     "from gptlab.tokenizer.sp_train import train_sentencepiece": Scale(),
     "gptlab run --tokenizer.style sentencepiece --out runs/shakespeare-sp": Scale(extra=RUN_SMALL),
+    "gptlab run --corpus notes/": Scale(extra=RUN_SMALL, setup="notes"),
     "gptlab tokenizer view": VIEWER,
     "gptlab tokenizer view tok/ sp8k/tokenizer.model gpt2": dataclasses.replace(VIEWER, needs=(TOKENIZER, SP_TRAIN)),
     "from gptlab.tokenizer import Tokenizer": Scale(setup="tokenizer_files"),
@@ -161,6 +162,7 @@ RUNS: dict[str, Scale] = {
     # stage 4
     "gptlab train --data runs/shakespeare/data --tokenizer runs/shakespeare/tokenizer --out runs/mine": Scale(extra=TRAIN_SMALL),
     "gptlab train --data runs/shakespeare/data --model.n-layer 6": Scale(extra=TRAIN_SMALL),
+    "gptlab train --data runs/shakespeare/data --seq-len 256 --out runs/long": Scale(extra=(*TRAIN_SMALL, "--micro-batch", "4")),
     # stage 5
     "gptlab eval --checkpoint runs/shakespeare --data runs/shakespeare/data": Scale(extra=("--seq-len", "64")),
     "gptlab eval --checkpoint runs/shakespeare/best --task hellaswag": Scale(  # the official file is a download: a stand-in
@@ -421,7 +423,19 @@ def setup_sweep(workspace: Path) -> None:
         (sweep / "rows" / f"{row['run']}.json").write_text(json.dumps(row))
 
 
-SETUPS = {"hellaswag": setup_hellaswag, "tokenizer_files": setup_tokenizer_files, "sweep": setup_sweep}
+def setup_notes(workspace: Path) -> None:
+    """A user's folder of their own text: three works as .txt and .md, a small .py and a picture, which is skipped."""
+    from gptlab.data.corpus import shakespeare_files
+
+    notes = workspace / "notes"
+    notes.mkdir()
+    for number, (work, suffix) in enumerate(zip(shakespeare_files()[:3], (".txt", ".md", ".txt"))):
+        shutil.copy(work, notes / f"{number}_{work.stem}{suffix}")
+    (notes / "0_tool.py").write_text("def add(a, b):\n    return a + b\n")
+    (notes / "cover.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+
+
+SETUPS = {"hellaswag": setup_hellaswag, "tokenizer_files": setup_tokenizer_files, "sweep": setup_sweep, "notes": setup_notes}
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gptlab.align.sft import SFTConfig, SFTResult, run_sft, sft_cpu
-from gptlab.data.corpus import corpus_files
+from gptlab.data.documents import RunCorpus, load_run_corpus, prompt_from
 from gptlab.data.prepare import PrepareConfig, prepare_shards
 from gptlab.eval.card import CARD_FILE, CARD_FILES, Card, proportion_row
 from gptlab.eval.loss import evaluate_split as evaluate_loss_on_split
@@ -32,7 +32,7 @@ from gptlab.infer.generate import SamplingConfig, generate
 from gptlab.model import ModelConfig
 from gptlab.model.io import load_model
 from gptlab.runtime import GptlabError, atomic_write_text
-from gptlab.runtime.config import config_to_json, field_defaults
+from gptlab.runtime.config import config_to_json, field_defaults, prefix_flags
 from gptlab.runtime.device import init_runtime
 from gptlab.runtime.rundir import RunFolder, claim_run_folder
 from gptlab.tokenizer import SentencePieceTokenizer, Tokenizer
@@ -70,7 +70,7 @@ class DataStageConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class SampleStageConfig:
-    prompt: str = "ROMEO:\n"  # text the sample continues
+    prompt: str = ""  # text the sample continues ("": ROMEO: on the built-in corpus, else the first words of a held-out document)
     max_new_tokens: int = 300  # at most what fits in the model's context after the prompt
     temperature: float = 0.8  # 0: greedy
     top_k: int = 50  # sample among the k most likely tokens
@@ -83,8 +83,8 @@ DEMO_SECONDS = 180.0
 
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
-    corpus: str = "shakespeare"  # the built-in corpus
-    out: str = "runs/shakespeare"  # the run's folder
+    corpus: str = "shakespeare"  # the built-in corpus, a folder or file of text (any text files), or hf:NAME[:CONFIG]
+    out: str = ""  # the run's folder ("": runs/<the corpus's name>, e.g. runs/shakespeare)
     val_every: int = 10  # every val_every-th document is held out: unseen by the tokenizer, the val split
     tokenizer: TokenizerStageConfig = field(default_factory=TokenizerStageConfig)
     data: DataStageConfig = field(default_factory=DataStageConfig)
@@ -132,24 +132,30 @@ class RunResult:
 
 
 def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: bool = False, force: bool = False) -> RunResult:
+    corpus = load_run_corpus(config.corpus, config.val_every)  # bad input is refused before anything is made
+    config = resolved_run_config(config, corpus)
     out = Path(config.out)
+    refuse_another_corpus(out, config.corpus, corpus.name, force)
     folder = claim_run_folder(out, command="run", config=dataclasses.asdict(config), ours=RUN_FILES, free=FREE_FIELDS,
                               force=force, legacy=_made_by_an_earlier_gptlab, defaults=field_defaults(RunConfig))
     if folder.status == "resume":
         log(f"resuming the run in {out} (same settings): finished stages are reused")
-    trainer = None
+    trainer, training = None, False
     try:
-        tokenizer, tokenizer_seconds, stats, data_dir, train_config = prepare_stages(config, folder, log, color)
+        tokenizer, tokenizer_seconds, stats, data_dir, train_config = prepare_stages(config, corpus, folder, log, color)
         model_config = train_config.model
         log(f"[5/{STAGES}] train: {model_config.arch} {model_config.n_layer} layers x {model_config.n_embd} wide, "
             f"{_length(train_config)} of {train_config.batch_tokens:,} tokens a step")
         runtime = init_runtime(train_config.device)
+        training = True
         trainer = Trainer(train_config, runtime=runtime, log=lambda line: log("      " + line))
         trained = trainer.fit()
-    except GptlabError:  # refused for bad input before training began: a new run leaves nothing behind
+    except GptlabError as error:  # refused for bad input before training began: a new run leaves nothing behind
         if trainer is None or not trainer.started:
             folder.undo()
-        raise
+        if not training:
+            raise
+        raise GptlabError(prefix_flags(str(error), TrainConfig, "train")) from None  # the trainer's flags as typed here
     if trained.status == "interrupted":  # Ctrl-C: the checkpoint is saved; the same command resumes
         log(f"      interrupted: rerun the same command to resume from {trained.checkpoint}")
         raise KeyboardInterrupt
@@ -166,7 +172,7 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
     log(text)
     tuned = sft_stage(config, out, train_config, trained, runtime, log)
     conversation = conversation_stage(tuned, config.sft.eval_tasks(), runtime, log)
-    card_stage(config, model, tokenizer, tuned, runtime, log)
+    card_stage(config, corpus, model, tokenizer, tuned, runtime, log)
     log(f"done: artefacts in {out}/ (loss plots: {out / 'train' / 'loss.png'}, {out / 'sft' / 'loss.png'})")
     from gptlab.runtime.optional import activation_hint, gptlab_command
 
@@ -181,6 +187,50 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
     )
 
 
+def resolved_run_config(config: RunConfig, corpus: RunCorpus) -> RunConfig:
+    """The settings left to the corpus: the folder (runs/<name>) and the sample's prompt (ROMEO: on the built-in
+    corpus, else the first words of a held-out document, said among what was adapted)."""
+    out = config.out or str(Path("runs") / corpus.name)
+    prompt = config.sample.prompt
+    if not prompt and corpus.builtin:
+        prompt = "ROMEO:\n"
+    elif not prompt:
+        prompt = prompt_from(corpus.held_out)
+        corpus.adapted.append(f"sample prompt {prompt.strip()!r} from its held-out text")
+    return dataclasses.replace(config, out=out, sample=dataclasses.replace(config.sample, prompt=prompt))
+
+
+def refuse_another_corpus(out: Path, corpus: str, name: str, force: bool) -> None:
+    """A folder holding the run of another corpus is refused before the usual settings check, naming both."""
+    from gptlab.runtime.rundir import read_marker
+
+    record = read_marker(out) if out.is_dir() else None
+    if force or not record or record.get("command") != "run":
+        return
+    earlier = record.get("config", {}).get("corpus")
+    if earlier is not None and earlier != corpus:
+        raise GptlabError(f"--out {out} holds the run on corpus {earlier!r}, not {corpus!r}; pass --out runs/{name} "
+                          "(the default for this corpus), or --force to start over there")
+
+
+def held_out_rows(model, tokenizer: Tokenizer, texts: list[str], n: int, log) -> list:
+    """The base model's card rows on the tasks cut from the held-out text (gptlab.eval.tasks.heldout); a task that
+    text is too short or too plain for is left out, in one line."""
+    from gptlab.eval.tasks.core import evaluate_task
+    from gptlab.eval.tasks.heldout import LAST_WORD, NEXT_LINE, last_word_records, next_line_records
+
+    rows = []
+    for spec, make in ((NEXT_LINE, next_line_records), (LAST_WORD, last_word_records)):
+        try:
+            records = make(texts, n)
+        except GptlabError as error:
+            log(f"      {spec.name}: left out ({error})")
+            continue
+        row, _ = evaluate_task(model, spec, records, tokenizer.encode_ordinary, batch_size=32)
+        rows.append(row)
+    return rows
+
+
 def _length(config: TrainConfig) -> str:
     """How long training runs: a time budget (the schedule follows it) and/or a number of steps."""
     steps = f"{config.max_steps:,} steps"
@@ -191,10 +241,13 @@ def _length(config: TrainConfig) -> str:
 
 def sft_stage(config: RunConfig, out: Path, train_config: TrainConfig, trained: TrainResult, runtime, log) -> SFTResult:
     """Fine-tune the pretrained model on the built-in tasks; their held-out accuracy before and after."""
-    sft = dataclasses.replace(config.sft, init_from=str(trained.checkpoint), out=str(out / "sft"), tokenizer=str(out / "tokenizer"),
-                              model=train_config.model, device=train_config.device)
-    log(f"[8/{STAGES}] fine-tune for chat: {sft.max_steps} steps of {sft.batch_tokens:,} tokens on {sft.data}")
-    tuned = run_sft(sft, runtime=runtime, log=lambda line: log("      " + line))
+    log(f"[8/{STAGES}] fine-tune for chat: {config.sft.max_steps} steps of {config.sft.batch_tokens:,} tokens on {config.sft.data}")
+    try:
+        sft = dataclasses.replace(config.sft, init_from=str(trained.checkpoint), out=str(out / "sft"), tokenizer=str(out / "tokenizer"),
+                                  model=train_config.model, device=train_config.device)
+        tuned = run_sft(sft, runtime=runtime, log=lambda line: log("      " + line), flags="sft.")
+    except GptlabError as error:  # the fine-tuning's flags as this command spells them: --sft.seq-len
+        raise GptlabError(prefix_flags(str(error), SFTConfig, "sft")) from None
     if tuned.status == "interrupted":
         log(f"      interrupted: rerun the same command to resume from {tuned.train.checkpoint}")
         raise KeyboardInterrupt
@@ -219,20 +272,17 @@ def conversation_stage(tuned: SFTResult, tasks: list, runtime, log) -> list[dict
     return turns
 
 
-def card_stage(config: RunConfig, model, tokenizer: Tokenizer, tuned: SFTResult, runtime, log) -> tuple[Card, Card]:
+def card_stage(config: RunConfig, corpus: RunCorpus, model, tokenizer: Tokenizer, tuned: SFTResult, runtime, log) -> tuple[Card, Card]:
     """Report cards (gptlab.eval.card) of the base model, on benchmarks cut from the held-out works, and of the chat
     model, on the fine-tuning tasks' held-out questions; saved as OUT/train/eval/eval.json and OUT/sft/eval/eval.json."""
     from gptlab.chat import ChatFormat
     from gptlab.data.match import find_model_tokenizer
     from gptlab.eval.chat import evaluate_task as evaluate_chat_task
-    from gptlab.eval.tasks.heldout import evaluate_held_out
-
     log(f"[10/{STAGES}] report cards: the base model on the held-out works, the chat model on held-out questions")
-    files = corpus_files(config.corpus)[config.val_every - 1 :: config.val_every]
-    texts = [path.read_text(encoding="utf-8") for path in files]
-    rows, _ = evaluate_held_out(model, tokenizer.encode_ordinary, texts, n=config.card_examples)
+    rows = held_out_rows(model, tokenizer, corpus.held_out, config.card_examples, log)
     base = Card(str(Path(config.out) / "train"), rows, settings={"suite": "held-out", "examples": config.card_examples})
-    base.add_aggregate("CORE-style (held-out)", rows)
+    if rows:
+        base.add_aggregate("CORE-style (held-out)", rows)
     chat_model = load_model(tuned.train.checkpoint, device=runtime.device)
     chat = ChatFormat(find_model_tokenizer(tuned.train.checkpoint))
     chat_card = Card(str(Path(config.out) / "sft"), settings={"suite": "fine-tuning tasks", "examples": config.card_examples})
@@ -240,7 +290,8 @@ def card_stage(config: RunConfig, model, tokenizer: Tokenizer, tuned: SFTResult,
         result = evaluate_chat_task(chat_model, chat, task, n=min(config.card_examples, getattr(task, "test_size", config.card_examples)))
         chat_card.add(proportion_row(task.name, shots=0, metric="accuracy", right=result["correct"], n=result["total"]))
     chat_card.add_aggregate("ChatCORE-style", chat_card.rows)
-    for card, folder, what in ((base, "train/eval-heldout", "base model"), (chat_card, "sft/eval-tasks", "chat model")):
+    saved = [(base, "train/eval-heldout", "base model")] * bool(base.rows) + [(chat_card, "sft/eval-tasks", "chat model")]
+    for card, folder, what in saved:
         claim_run_folder(Path(config.out) / folder, command="eval", config=card.settings, ours=CARD_FILES, force=True)
         path = card.save(Path(config.out) / folder / CARD_FILE)
         log(f"      {what} ({Path(config.out) / folder.split('/')[0]}), saved in {path}:")
@@ -249,21 +300,35 @@ def card_stage(config: RunConfig, model, tokenizer: Tokenizer, tuned: SFTResult,
     return base, chat_card
 
 
-def prepare_stages(config: RunConfig, folder: RunFolder, log, color: bool):
+def prepare_stages(config: RunConfig, corpus: RunCorpus, folder: RunFolder, log, color: bool):
     """Stages 1-4: corpus, tokenizer, held-out text, data; and the training config they resolve."""
     out = folder.path
     log(f"[1/{STAGES}] corpus: {config.corpus}")
-    files = corpus_files(config.corpus)
-    held_out = files[config.val_every - 1 :: config.val_every]
-    train_files = [path for path in files if path not in held_out]
-    size = sum(path.stat().st_size for path in train_files)
-    log(f"      {len(train_files)} training documents ({size / 1e6:.1f} MB), {len(held_out)} held out, from {files[0].parent}")
-    tokenizer, tokenizer_seconds = tokenizer_stage(config, folder, train_files, log)
-    stats = held_out_stage(tokenizer, held_out, log, color)
+    corpus_stage(corpus, folder, log)
+    tokenizer, tokenizer_seconds = tokenizer_stage(config, folder, corpus, log)
+    stats = held_out_stage(tokenizer, corpus.held_out, log, color)
     train_config = resolved_train_config(config, out, tokenizer)
     atomic_write_text(out / "config.json", config_to_json(dataclasses.replace(config, train=train_config)))
-    data_dir = data_stage(config, tokenizer, train_files, held_out, out, log)
+    data_dir = data_stage(config, tokenizer, corpus, out, log)
     return tokenizer, tokenizer_seconds, stats, data_dir, train_config
+
+
+def corpus_stage(corpus: RunCorpus, folder: RunFolder, log) -> None:
+    """Say what the run trains on and what was adapted to it; a user's corpus must be the one the run began with."""
+    size = sum(len(text.encode("utf-8", errors="surrogatepass")) for text in corpus.train)
+    log(f"      {len(corpus.train)} training documents ({size / 1e6:.1f} MB), {len(corpus.held_out)} held out, from {corpus.where}")
+    if corpus.skipped:
+        log(f"      {corpus.skipped}")
+    if corpus.adapted:
+        log(f"      adapted to this corpus: {'; '.join(corpus.adapted)}")
+    if corpus.builtin:
+        return
+    done, digest = folder.stage("corpus"), corpus.digest()
+    if done and done.get("sha256") != digest:
+        raise GptlabError(f"the documents of --corpus {corpus.where} changed since the run in {folder.path} began; "
+                          "pass --force to start over on them, or another --out")
+    if not done:
+        folder.finish_stage("corpus", {"sha256": digest, "documents": len(corpus.train) + len(corpus.held_out)})
 
 
 def _made_by_an_earlier_gptlab(out: Path) -> bool:
@@ -275,7 +340,7 @@ def _made_by_an_earlier_gptlab(out: Path) -> bool:
     return isinstance(saved, dict) and set(saved) == {field.name for field in dataclasses.fields(RunConfig)}
 
 
-def tokenizer_stage(config: RunConfig, folder: RunFolder, files: list[Path], log) -> tuple[Tokenizer, float]:
+def tokenizer_stage(config: RunConfig, folder: RunFolder, corpus: RunCorpus, log) -> tuple[Tokenizer, float]:
     """Train the tokenizer on the training works, or reuse the one this run already trained."""
     settings = config.tokenizer
     sentencepiece = settings.style == "sentencepiece"
@@ -291,7 +356,7 @@ def tokenizer_stage(config: RunConfig, folder: RunFolder, files: list[Path], log
             log(f"      reused {path} (trained earlier in this run)")
             return tokenizer, 0.0
     start = time.perf_counter()
-    tokenizer = train_tokenizer(settings, files)
+    tokenizer = train_tokenizer(settings, corpus)
     seconds = time.perf_counter() - start
     tokenizer.save(directory)
     folder.finish_stage("tokenizer", {"fingerprint": tokenizer.fingerprint()})
@@ -299,20 +364,21 @@ def tokenizer_stage(config: RunConfig, folder: RunFolder, files: list[Path], log
     return tokenizer, seconds
 
 
-def train_tokenizer(settings: TokenizerStageConfig, files: list[Path]) -> Tokenizer | SentencePieceTokenizer:
-    """A byte-level BPE tokenizer, or a SentencePiece BPE model with Llama 2's control pieces, of the training works."""
+def train_tokenizer(settings: TokenizerStageConfig, corpus: RunCorpus) -> Tokenizer | SentencePieceTokenizer:
+    """A byte-level BPE tokenizer, or a SentencePiece BPE model with Llama 2's control pieces, of the training works
+    (the built-in corpus's files, or a user's documents)."""
+    given = {"files": corpus.train_files} if corpus.builtin else {"texts": corpus.train}
     if settings.style == "sentencepiece":
         from gptlab.tokenizer.sp_train import train_sentencepiece
 
-        model = train_sentencepiece(files=files, vocab_size=settings.vocab_size, control_symbols=SENTENCEPIECE_CONTROL)
+        model = train_sentencepiece(**given, vocab_size=settings.vocab_size, control_symbols=SENTENCEPIECE_CONTROL)
         return SentencePieceTokenizer(model)
-    return Tokenizer.train(files=files, vocab_size=settings.vocab_size, pattern=settings.pattern, special_tokens=settings.special_tokens)
+    return Tokenizer.train(**given, vocab_size=settings.vocab_size, pattern=settings.pattern, special_tokens=settings.special_tokens)
 
 
-def held_out_stage(tokenizer: Tokenizer, held_out: list[Path], log, color: bool):
+def held_out_stage(tokenizer: Tokenizer, texts: list[str], log, color: bool):
     """How well the tokenizer compresses the works it never saw, and that it round-trips them."""
     log(f"[3/{STAGES}] held-out text")
-    texts = [path.read_text(encoding="utf-8") for path in held_out]
     tokenizer.encode(texts[0][:1000])  # warm up: the compiled encoder builds its tables on first use
     start = time.perf_counter()
     encoded = [tokenizer.encode(text) for text in texts]
@@ -327,18 +393,33 @@ def held_out_stage(tokenizer: Tokenizer, held_out: list[Path], log, color: bool)
     return stats
 
 
-def data_stage(config: RunConfig, tokenizer: Tokenizer, train_files: list[Path], held_out: list[Path], out: Path, log) -> Path:
+def data_stage(config: RunConfig, tokenizer: Tokenizer, corpus: RunCorpus, out: Path, log) -> Path:
     """Shards of the training works (shuffled) and, as the val split, exactly the held-out works."""
-    log(f"[4/{STAGES}] data: the training works into shuffled shards; the {len(held_out)} held-out works are the val split")
+    log(f"[4/{STAGES}] data: the training works into shuffled shards; the {len(corpus.held_out)} held-out works are the val split")
     data_dir = out / "data"
     prepare_config = PrepareConfig(val=0, shard_tokens=config.data.shard_tokens, seed=config.data.seed, progress=False)
-    prepared = prepare_shards([str(path) for path in train_files], tokenizer, data_dir, prepare_config,
-                              val_source=[str(path) for path in held_out])
+    train, val = corpus.sources()
+    prepared = prepare_shards(train, tokenizer, data_dir, prepare_config, val_source=val)
     splits = prepared.manifest["splits"]
     described = ", ".join(f"{name} {entry['tokens']:,} tokens ({entry['documents']} documents, {len(entry['shards'])} shards)"
                           for name, entry in splits.items())
     log(f"      {prepared.status} in {prepared.seconds:.1f} s: {described} -> {data_dir}")
+    check_val_fits(splits["val"]["tokens"], config.train)
     return data_dir
+
+
+def check_val_fits(tokens: int, train: TrainConfig) -> None:
+    """A held-out text shorter than one evaluation batch (a small corpus of one's own) is refused before training,
+    naming the flags that would fit it: a micro-batch that still divides the batch, or a shorter sequence."""
+    micro = train.micro_batch or 1
+    if tokens >= micro * train.seq_len + 1:
+        return
+    rows = train.batch_tokens // train.seq_len
+    fits = [m for m in range(micro - 1, 0, -1) if rows % m == 0 and m * train.seq_len + 1 <= tokens]
+    shorter = 1 << max(0, ((tokens - 1) // micro).bit_length() - 1)  # a power of two, so the batch still divides
+    fix = f"--train.micro-batch {fits[0]}" if fits else f"--train.seq-len {shorter}"
+    raise GptlabError(f"the held-out text is {tokens:,} tokens, fewer than one evaluation batch of --train.micro-batch {micro} x "
+                      f"--train.seq-len {train.seq_len} + 1 = {micro * train.seq_len + 1:,}: pass {fix}, or give more text")
 
 
 def resolved_train_config(config: RunConfig, out: Path, tokenizer: Tokenizer) -> TrainConfig:

@@ -109,7 +109,7 @@ def test_sft_refuses_bad_input_before_compute_and_leaves_nothing(base, tmp_path)
         SFTTrainer(sft_config(base, tmp_path / "out", data=str(bad), on_error="refuse"), log=lambda *_: None)
     with pytest.raises(GptlabError, match="--init"):
         SFTTrainer(sft_config(base, tmp_path / "out", init_from=""), log=lambda *_: None)
-    with pytest.raises(GptlabError, match="seq_len 128 is longer than the model's block_size 64"):
+    with pytest.raises(GptlabError, match=r"--seq-len 128 is longer than the context of the model it starts from .*block_size 64\); pass --seq-len 64"):
         SFTTrainer(sft_config(base, tmp_path / "out", seq_len=128, batch_tokens=8 * 128), log=lambda *_: None)
     assert not (tmp_path / "out").exists()
 

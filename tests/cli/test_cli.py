@@ -220,7 +220,7 @@ def test_cli_decode_bad_ids_give_one_line_and_no_output(tmp_path, capsys, inputs
         ("a_file", "--out {root}/a_file is a file, not a folder; pass a folder path"),
         ("a_file/tok", "{root}/a_file is a file, not a folder"),
         ("others", "holds things this command did not make (notes.txt)"),
-        ("tok", "tok/tokenizer.json already exists; pass --force"),
+        ("tok", "tok holds a tokenizer trained with other inputs or settings ("),
     ],
 )
 def test_cli_train_out_is_checked_before_training(tmp_path, corpus, trained, capsys, out, message):

@@ -70,5 +70,7 @@ def test_cli_train_sentencepiece_refuses_a_folder_holding_other_things(tmp_path,
     assert sorted(path.name for path in out.iterdir()) == ["notes.txt"]
     again = tmp_path / "again"
     assert main(["tokenizer", "train", "--style", "sentencepiece", "--input", str(corpus), "--vocab-size", "340", "--out", str(again)]) == 0
-    assert main(["tokenizer", "train", "--style", "sentencepiece", "--input", str(corpus), "--vocab-size", "340", "--out", str(again)]) == 1
-    assert "already exists; pass --force to replace it" in capsys.readouterr().err
+    assert main(["tokenizer", "train", "--style", "sentencepiece", "--input", str(corpus), "--vocab-size", "340", "--out", str(again)]) == 0
+    assert "kept" in capsys.readouterr().out  # the same inputs and settings: its own model, kept
+    assert main(["tokenizer", "train", "--style", "sentencepiece", "--input", str(corpus), "--vocab-size", "350", "--out", str(again)]) == 1
+    assert "other inputs or settings (vocab_size 340 -> 350); pass --force to replace it" in capsys.readouterr().err

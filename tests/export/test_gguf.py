@@ -192,12 +192,12 @@ def test_write_gguf_carries_sentencepiece_pieces_scores_and_types(sentencepiece,
 
 REFUSED = [
     ("gpt2-tiny", {"position": "rotary", "norm": "rms", "qk_norm": True, "activation": "relu2"},
-     "--model.position rotary, --model.norm rms, --model.activation relu2, --model.qk_norm true have no GGUF/llama.cpp equivalent"),
-    ("llama-tiny", {"logit_softcap": 15.0}, "--model.logit_softcap 15.0 has no GGUF/llama.cpp equivalent"),
-    ("llama-tiny", {"attn_window": 16, "window_pattern": "SL"}, "--model.attn_window 16 (--model.window_pattern SL) has"),
-    ("moe-tiny", {"moe": MoEConfig(n_experts=4, top_k=2, score="sigmoid", n_shared=1)}, "--model.moe.score sigmoid, --model.moe.n_shared 1 have"),
-    ("moe-tiny", {"moe": MoEConfig(n_experts=4, top_k=2, normalize=False)}, "--model.moe.normalize False has"),
-    ("llama-tiny", {"qk_norm": True, "bias": True}, "--model.qk_norm true with --model.bias True --model.qkv_bias False has"),
+     "--model.position rotary, --model.norm rms, --model.activation relu2, --model.qk-norm true have no GGUF/llama.cpp equivalent"),
+    ("llama-tiny", {"logit_softcap": 15.0}, "--model.logit-softcap 15.0 has no GGUF/llama.cpp equivalent"),
+    ("llama-tiny", {"attn_window": 16, "window_pattern": "SL"}, "--model.attn-window 16 (--model.window-pattern SL) has"),
+    ("moe-tiny", {"moe": MoEConfig(n_experts=4, top_k=2, score="sigmoid", n_shared=1)}, "--model.moe.score sigmoid, --model.moe.n-shared 1 have"),
+    ("moe-tiny", {"moe": MoEConfig(n_experts=4, top_k=2, normalize=False)}, "--model.moe.normalize false has"),
+    ("llama-tiny", {"qk_norm": True, "bias": True}, "--model.qk-norm true with --model.bias true --model.qkv-bias false has"),
 ]
 
 
@@ -214,7 +214,7 @@ def test_write_gguf_refuses_a_trained_routing_bias(tokenizer, tmp_path):
     model = tiny("moe-tiny", tokenizer)
     with torch.no_grad():
         model.moe_layers()[0].route_bias[0] = 0.5
-    with pytest.raises(GptlabError, match=r"--model.moe.bias_update 0.0 \(a trained routing bias\) has no GGUF"):
+    with pytest.raises(GptlabError, match=r"--model.moe.bias-update 0.0 \(a trained routing bias\) has no GGUF"):
         write_gguf(model, tokenizer, tmp_path / "m.gguf")
 
 
@@ -297,7 +297,7 @@ def test_export_gguf_cli_refuses_the_demo_recipe_in_one_line_naming_its_options(
     assert main(["export", "gguf", str(tmp_path / "recipe"), str(tmp_path / "out" / "m.gguf")]) == 1
     error = capsys.readouterr().err
     assert error.startswith("gptlab: error: cannot export this gpt2 model as GGUF: --model.position rotary, --model.norm rms, "
-                            "--model.activation relu2, --model.qk_norm true have no GGUF/llama.cpp equivalent") and error.count("\n") == 1
+                            "--model.activation relu2, --model.qk-norm true have no GGUF/llama.cpp equivalent") and error.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recipe"]
 
 

@@ -145,7 +145,7 @@ def test_export_hf_custom_loss_is_gptlabs_next_token_loss(tmp_path):
 def test_export_hf_refuses_a_switch_the_modeling_code_does_not_know_before_writing(tmp_path, monkeypatch):
     """A ModelConfig field added later is refused at a non-default value, naming the flag that exports."""
     monkeypatch.setattr(export_module, "COMPUTED_FIELDS", export_module.COMPUTED_FIELDS - {"logit_softcap"})
-    with pytest.raises(GptlabError, match=r"logit_softcap=15.0 .* --model.logit_softcap 0.0 exports") as error:
+    with pytest.raises(GptlabError, match=r"logit_softcap=15.0 .* --model.logit-softcap 0.0 exports") as error:
         export_hf(ours(RECIPE, logit_softcap=15.0), tmp_path / "out")
     assert "\n" not in str(error.value)
     assert not (tmp_path / "out").exists()

@@ -47,7 +47,8 @@ def test_config_overrides_are_checked_once_on_the_final_values_so_order_never_ma
     one = apply_overrides(RunConfig(), ["--train.model.block_size", "32", "--train.seq_len", "32"])
     two = apply_overrides(RunConfig(), ["--train.seq-len", "32", "--train.model.block-size", "32"])
     assert one == two and one.train.seq_len == 32 and one.train.model.block_size == 32
-    with pytest.raises(GptlabError, match="seq_len 128 is longer than the model's block_size 32"):
+    with pytest.raises(GptlabError, match=r"--train.seq-len 128 is longer than the model's context \(--train.model.block-size 32\); "
+                       r"set --train.model.block-size 128 \(or a shorter --train.seq-len\)"):
         apply_overrides(RunConfig(), ["--train.model.block_size", "32"])
 
 

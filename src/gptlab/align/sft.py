@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gptlab.align.logprobs import IGNORE, token_entropy
+from gptlab.align.overfit import epochs_warning, overfitting_warning
 from gptlab.align.start import resolve_start
 from gptlab.chat import ChatFormat
 from gptlab.chat.data import Mixture, MixtureConfig
@@ -119,6 +120,7 @@ class SFTTrainer(Trainer):
 
     command = "sft"
     entropy_sums: torch.Tensor | None = None  # (entropy sum, counted tokens) since the last metrics line, unfused only
+    overfit_warned = False  # the overfitting line is said once a run
 
     def _check_before_compute(self, config: SFTConfig) -> SFTConfig:
         if not config.data:
@@ -152,10 +154,16 @@ class SFTTrainer(Trainer):
         return None  # bits per byte of assistant turns says little; val loss is reported
 
     def _evaluate(self) -> None:
-        """Val loss (the Trainer's), then the entropy at the same val batches' assistant tokens (val_entropy)."""
+        """Val loss (the Trainer's), then the entropy at the same val batches' assistant tokens (val_entropy);
+        once a run, a line when val loss rises while the train loss falls far below it (gptlab.align.overfit)."""
+        best_before = self.state.best_val
         super()._evaluate()
         if self.val_loader is None:
             return
+        warning = overfitting_warning(self.state.losses, self.state.val["loss"], best_before, self.state.step)
+        if warning and not self.overfit_warned:
+            self.overfit_warned = True
+            self.print(warning)
         self.val_loader.reset()
         entropy = evaluate_entropy(self.model, self.val_loader, self.config.eval_batches, self.cast)
         self.metrics.log({"step": self.state.step, "val_entropy": entropy})
@@ -253,8 +261,9 @@ class SFTResult:
 
 
 def run_sft(config: SFTConfig, *, runtime=None, log: Callable[[str], None] = print, resume: bool = True,
-            force: bool = False) -> SFTResult:
-    """Fine-tune, with held-out task accuracy before and after (every rank calls this under torchrun)."""
+            force: bool = False, flags: str = "") -> SFTResult:
+    """Fine-tune, with held-out task accuracy before and after (every rank calls this under torchrun); `flags` is the
+    prefix of the command's flags in its hints (gptlab run: "sft.")."""
     from gptlab.eval.chat import task_accuracy_fn
 
     chosen = config.eval_tasks()
@@ -262,6 +271,9 @@ def run_sft(config: SFTConfig, *, runtime=None, log: Callable[[str], None] = pri
                          sample_fn=chat_sampler(chosen[0].examples("test", 1)[0].question) if chosen else None)
     tasks = task_accuracy_fn(trainer.chat, chosen, config.task_examples) if chosen else None
     trainer.task_fn = tasks
+    warning = epochs_warning(trainer.config, trainer.mixtures["train"], trainer.chat, flags)
+    if warning:
+        trainer.print(warning)
     if tasks is not None:
         trainer.before_fn = lambda: tasks(trainer.start.model(trainer.runtime.device))
     result = trainer.fit()

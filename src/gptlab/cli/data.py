@@ -49,7 +49,8 @@ def register(stages) -> None:
     prepare = verbs.add_parser(
         "prepare",
         help="tokenize a source into shuffled token shards + manifest (resumable)",
-        description="SOURCE: shakespeare | files, globs, directories (.txt/.jsonl/.parquet) | hf:NAME[:CONFIG]",
+        description="SOURCE: shakespeare | files, globs, directories (every text file, .jsonl, .parquet; binary files are "
+        "skipped) | hf:NAME[:CONFIG]",
     )
     prepare.add_argument("source", nargs="+", metavar="SOURCE")
     prepare.add_argument("-t", "--tokenizer", required=True, metavar="DIR",
@@ -123,6 +124,9 @@ def run_prepare(args: argparse.Namespace) -> int:
     options = SourceOptions(text_field=args.text_field, separator=args.separator, split=args.split)
     source = open_source(args.source, options)
     val_source = open_source(args.val_from, options) if args.val_from else None
+    for each in (source, val_source):
+        if getattr(each, "skipped", ""):  # binary files in the folders given
+            print(each.skipped)
     config = PrepareConfig(
         val=args.val, shard_tokens=args.shard_tokens, seed=args.seed, shuffle=not args.no_shuffle,
         workers=args.workers, progress=not args.quiet and sys.stderr.isatty(),

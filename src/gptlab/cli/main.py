@@ -48,7 +48,7 @@ STAGES = {
     "ppo": ("ppo", "RLHF with PPO: a value model, a KL penalty to the start, clipped policy and value losses"),
     "rm": ("rm", "train a reward model on preference pairs (Bradley-Terry)"),
     "rm-score": ("rm", "score replies, or rank preference pairs, with a trained reward model"),
-    "run": ("run", "run the whole pipeline end to end (default: Shakespeare on this machine)"),
+    "run": ("run", "run the whole pipeline end to end on a corpus (default: Shakespeare; --corpus DIR|FILE|hf:NAME for your own)"),
     "runs": ("runs", "reports of training runs, and comparisons of several"),
     "sample": ("sample", "generate text from a saved model"),
     "chat": ("chat", "talk to a chat model (after `gptlab sft`) in the terminal"),

@@ -16,6 +16,8 @@ from gptlab.runtime import GptlabError, atomic_write_text, check_out_dir
 
 INLINE_IDS = re.compile(r"\s*-?\d+(?:\s+-?\d+)*\s*")  # "15496", "15496 11 995": an argument of decode that is ids
 PATTERN_NAMES = ["gpt2", "gpt4", "cl100k", "o200k", "none"]  # gptlab.tokenizer.patterns, kept here so --help needs no import
+# the arguments a tokenizer depends on: a rerun with the same ones (and the same inputs) keeps the folder's tokenizer
+TRAIN_SETTINGS = ("style", "vocab_size", "pattern", "regex", "special", "no_special", "byte_fallback", "character_coverage", "normalizer")
 SP_NORMALIZERS = ["identity", "nfkc", "nmt_nfkc", "nfkc_cf", "nmt_nfkc_cf"]  # gptlab.tokenizer.sp_train.NORMALIZERS
 
 
@@ -24,7 +26,7 @@ def register(stages) -> None:
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True, parser_class=type(parser))
 
     train = verbs.add_parser("train", help="train a tokenizer on text files or a built-in corpus")
-    train.add_argument("--input", nargs="+", default=[], metavar="FILE", help="text files, directories or globs; each file is a document")
+    train.add_argument("--input", nargs="+", default=[], metavar="FILE", help="text files, directories or globs; each text file is a document (binary files in folders are skipped)")
     train.add_argument("--corpus", choices=["shakespeare"], help="train on a built-in corpus")
     train.add_argument("--vocab-size", type=int, required=True, help="total ids: 256 bytes + merges + special tokens")
     split = train.add_mutually_exclusive_group()
@@ -34,7 +36,8 @@ def register(stages) -> None:
     train.add_argument("--no-special", action="store_true", help="no special tokens at all")
     train.add_argument("--workers", type=int, default=None, help="pre-tokenization processes (default: all cores)")
     train.add_argument("--out", required=True, metavar="DIR", help="directory to write tokenizer.json into")
-    train.add_argument("--force", action="store_true", help="replace a tokenizer already in --out")
+    train.add_argument("--force", action="store_true", help="replace a tokenizer already in --out (a rerun with the same inputs "
+                       "and settings keeps it without --force)")
     train.add_argument("--style", choices=["bytelevel", "sentencepiece"], default="bytelevel",
                        help="bytelevel: GPT-2/GPT-4 style tokenizer.json; sentencepiece: Llama 2 style tokenizer.model")
     sp = train.add_argument_group("--style sentencepiece")
@@ -90,10 +93,10 @@ def _add_tokenizer_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from gptlab.data.corpus import corpus_files, expand_inputs
     from gptlab.tokenizer import Tokenizer
     from gptlab.tokenizer.formats import FILE_NAME
     from gptlab.tokenizer.patterns import SplitRegex, resolve_pattern
+    from gptlab.tokenizer.train_record import save_record
 
     if not args.input and not args.corpus:
         raise GptlabError("nothing to train on: give --input FILE... or --corpus shakespeare")
@@ -103,18 +106,18 @@ def run_train(args: argparse.Namespace) -> int:
     pattern = resolve_pattern(SplitRegex(args.regex) if args.regex is not None else args.pattern or "gpt4")
     out = Path(args.out)
     _check_parents(out)
-    existing = check_out_dir(out, [FILE_NAME, f".{FILE_NAME}.*.tmp"], flag="--out")
-    if FILE_NAME in existing and not args.force:
-        raise GptlabError(f"{out / FILE_NAME} already exists; pass --force to replace it")
     if args.no_special and args.special:
         raise GptlabError("--special and --no-special contradict each other")
     specials = [] if args.no_special else (args.special or ["<|endoftext|>"])
     if args.workers is not None and args.workers < 1:
         raise GptlabError(f"--workers must be at least 1, got {args.workers}")
-    files = expand_inputs(args.input) + (corpus_files(args.corpus) if args.corpus else [])
+    files = _training_files(args)
+    record, kept = _claim_out(out, FILE_NAME, files, args)
+    if kept:
+        return 0
     start = time.perf_counter()
     tokenizer = Tokenizer.train(
-        files=files,
+        **_documents(files),
         vocab_size=args.vocab_size,
         pattern=pattern,
         special_tokens=specials,
@@ -123,11 +126,44 @@ def run_train(args: argparse.Namespace) -> int:
     )
     seconds = time.perf_counter() - start
     path = tokenizer.save(out)
+    save_record(out, record)
     size = sum(f.stat().st_size for f in files)
     note = "" if tokenizer.vocab_size == args.vocab_size else f" (the corpus supports only {len(tokenizer.merges)} merges)"
     print(f"trained {tokenizer} on {len(files)} files ({size / 1e6:.1f} MB) in {seconds:.1f} s{note}")
     print(f"saved {path}")
     return 0
+
+
+def _training_files(args: argparse.Namespace) -> list[Path]:
+    """--input's text files (binary ones in its folders skipped, and said) and --corpus's; the reader data prepare uses."""
+    from gptlab.data.corpus import corpus_files
+    from gptlab.data.sources import scan_inputs
+
+    scanned = scan_inputs(args.input)
+    if scanned.binary:
+        print(scanned.skipped_line())
+    return scanned.files + (corpus_files(args.corpus) if args.corpus else [])
+
+
+def _documents(files: list[Path]) -> dict:
+    """{"files": text files, "texts": the records of .jsonl/.parquet files}: each read as data prepare reads it."""
+    from gptlab.data.sources import RECORD_SUFFIXES, open_source
+
+    records = [str(path) for path in files if path.suffix in RECORD_SUFFIXES]
+    return {"files": [path for path in files if path.suffix not in RECORD_SUFFIXES], "texts": open_source(records) if records else None}
+
+
+def _claim_out(out: Path, name: str, files: list[Path], args: argparse.Namespace) -> tuple[dict, bool]:
+    """(the training record, whether --out already holds this very tokenizer); a folder holding anything else is refused."""
+    from gptlab.tokenizer.train_record import RECORD_FILE, reuse_or_refuse, training_record
+
+    check_out_dir(out, [name, RECORD_FILE, f".{name}.*.tmp", f".{RECORD_FILE}.*.tmp"], flag="--out")
+    settings = {key: getattr(args, key) for key in TRAIN_SETTINGS}
+    record = training_record(name, files, settings)
+    kept = reuse_or_refuse(out, record, force=args.force)
+    if kept:
+        print(f"kept {out / name}: trained earlier from the same inputs and settings (--force retrains it)")
+    return record, kept
 
 
 def _refuse_options(args: argparse.Namespace, style: str, **flags: str) -> None:
@@ -137,9 +173,9 @@ def _refuse_options(args: argparse.Namespace, style: str, **flags: str) -> None:
 
 
 def run_train_sentencepiece(args: argparse.Namespace) -> int:
-    from gptlab.data.corpus import corpus_files, expand_inputs
     from gptlab.tokenizer.sp_model import write_model
     from gptlab.tokenizer.sp_train import SentencePieceTrainerConfig, train_with_config
+    from gptlab.tokenizer.train_record import save_record
 
     _refuse_options(args, "sentencepiece", pattern="--pattern", regex="--regex", workers="--workers")
     if args.no_special and args.special:
@@ -147,20 +183,21 @@ def run_train_sentencepiece(args: argparse.Namespace) -> int:
     name = "tokenizer.model"
     out = Path(args.out)
     _check_parents(out)
-    existing = check_out_dir(out, [name, f".{name}.*.tmp"], flag="--out")
-    if name in existing and not args.force:
-        raise GptlabError(f"{out / name} already exists; pass --force to replace it")
     options = {"byte_fallback": args.byte_fallback, "character_coverage": args.character_coverage, "normalizer": args.normalizer}
     config = SentencePieceTrainerConfig(
         vocab_size=args.vocab_size,
         control_symbols=tuple([] if args.no_special else (args.special or ["<s>", "</s>"])),
         **{key: value for key, value in options.items() if value is not None},
     )
-    files = expand_inputs(args.input) + (corpus_files(args.corpus) if args.corpus else [])
+    files = _training_files(args)
+    record, kept = _claim_out(out, name, files, args)
+    if kept:
+        return 0
     start = time.perf_counter()
-    model = train_with_config(config, files=files, progress=sys.stderr.isatty())
+    model = train_with_config(config, **_documents(files), progress=sys.stderr.isatty())
     seconds = time.perf_counter() - start
     path = write_model(model, out / name)
+    save_record(out, record)
     size = sum(f.stat().st_size for f in files)
     note = "" if len(model.pieces) == args.vocab_size else f" (the corpus supports only {len(model.pieces)} pieces)"
     print(f"trained a SentencePiece BPE model of {len(model.pieces)} pieces on {len(files)} files ({size / 1e6:.1f} MB) in {seconds:.1f} s{note}")

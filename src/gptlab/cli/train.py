@@ -78,8 +78,40 @@ def resolve_config(preset: str, overrides: list[str], depth: int | None = None, 
         defaults = {"model.vocab_size": int(read_manifest(given["data"])["tokenizer"]["vocab_size"])}
     if given.get("data") and "tokenizer" not in given and any((Path(given["data"]) / name).is_file() for name in TOKENIZER_NAMES):
         defaults["tokenizer"] = given["data"]  # the tokenizer `data prepare` saved with the shards
+    defaults.update(follow_seq_len(base, given))
     config = apply_overrides(base, overrides, defaults=defaults)
     return apply_overrides(at_depth(config, depth, rule), overrides) if depth is not None else config  # explicit flags still win
+
+
+def follow_seq_len(base, given: dict[str, str], *, model: bool = True) -> dict:
+    """What a --seq-len the user set changes where they did not set it: the model's block_size follows it (the model
+    must see whole sequences; not with --init-from, whose model is fixed), and the batch is rounded to the nearest
+    multiple (at least one) of seq_len x micro_batch, so that it divides into micro-batches. `model=False`: the
+    model is not this config's to change (gptlab run's fine-tuning)."""
+    if "seq_len" not in given:
+        return {}
+    try:
+        seq_len = int(given["seq_len"])
+        micro_batch = int(given.get("micro_batch", base.micro_batch))
+    except ValueError:
+        return {}  # the override parser names the flag and the type
+    if seq_len < 1 or micro_batch < 0:
+        return {}
+    derived = {}
+    if model and "model.block_size" not in given and not given.get("init_from"):
+        derived["model.block_size"] = seq_len
+    per_pass = seq_len * max(micro_batch, 1)
+    batch_tokens = max(1, round(base.batch_tokens / per_pass)) * per_pass
+    if "batch_tokens" not in given and batch_tokens != base.batch_tokens:
+        derived["batch_tokens"] = batch_tokens
+    return derived
+
+
+def describe_derived(derived: dict) -> str:
+    """"--seq-len 256: --model.block-size 256 and --batch-tokens 4096 follow it (set them to choose)"."""
+    from gptlab.runtime.config import flag
+
+    return " and ".join(f"{flag(key)} {value}" for key, value in derived.items())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,6 +120,13 @@ def run(args: argparse.Namespace) -> int:
     from gptlab.train import Trainer
 
     config = resolve_config(args.preset, args.overrides, args.depth, args.from_fit)
+    from gptlab.runtime.config import parse_overrides
+    from gptlab.train import train_preset
+
+    derived = follow_seq_len(train_preset(args.preset), dict(parse_overrides(args.overrides)))
+    if derived and args.depth is None:
+        verb = "follow" if len(derived) > 1 else "follows"
+        print(f"--seq-len {config.seq_len}: {describe_derived(derived)} {verb} it (set {'them' if len(derived) > 1 else 'it'} to choose)")
     if args.from_fit:
         tokens = config.max_steps * config.batch_tokens
         print(f"from the fit {args.from_fit}: depth {args.depth} trains {tokens:,} tokens in {config.max_steps:,} steps, "

@@ -146,30 +146,3 @@ def copy_corpus(files: list[Path], out: Path) -> int:
         if name.endswith(".tmp"):  # an earlier copy cut short
             (out / name).unlink(missing_ok=True)
     return len(copied)
-
-
-def expand_inputs(specs: list[str]) -> list[Path]:
-    """Input files from paths, directories (their *.txt files, recursively) and glob patterns.
-
-    Each file is one document. Order is stable: as given, directories sorted.
-    """
-    import glob
-
-    files: list[Path] = []
-    for spec in specs:
-        path = Path(spec)
-        if path.is_file():
-            files.append(path)
-        elif path.is_dir():
-            found = sorted(p for p in path.rglob("*.txt") if p.is_file())
-            if not found:
-                raise GptlabError(f"directory {spec} holds no .txt files")
-            files.extend(found)
-        elif any(char in spec for char in "*?["):
-            found = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file())
-            if not found:
-                raise GptlabError(f"no files match {spec!r}")
-            files.extend(found)
-        else:
-            raise GptlabError(f"input not found: {spec}")
-    return files

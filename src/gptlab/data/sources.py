@@ -1,16 +1,17 @@
-"""Document sources: the built-in corpus, local files (.txt, .jsonl, .parquet), Hugging Face datasets.
+"""Document sources: the built-in corpus, local files (any text file, .jsonl, .parquet), Hugging Face datasets.
 
 A source is named by one string, the first argument of `gptlab data prepare`:
 
     shakespeare                              the built-in corpus, a document per work
-    data/*.txt  notes.txt  books/            local files, globs, directories (searched for .txt/.jsonl/.parquet)
+    data/*.txt  notes.md  src/  books/       local files, globs, directories (every text file, .jsonl, .parquet)
     hf:roneneldan/TinyStories                a Hugging Face dataset, streamed
     hf:HuggingFaceFW/fineweb-edu:sample-10BT a dataset and its config
     hf:allenai/ai2_arc:ARC-Easy@210d026f...   a dataset, its config, at a pinned revision (commit, tag or branch)
     hf:/path/to/local/dataset                a local dataset directory (data files, or save_to_disk's output),
                                              through the same `datasets` code path
 
-.txt: a document per file, or documents split on `separator`. .jsonl: a JSON
+A text file (any name: text is told from binary by content, scan_inputs; binary files in a
+folder are skipped and counted): a document per file, or documents split on `separator`. .jsonl: a JSON
 object per line, its `text_field`. .parquet: the `text_field` column. Every
 source streams: a document at a time, never a whole file of documents.
 
@@ -28,6 +29,7 @@ Not here: tokenizing and shards (gptlab.data.prepare).
 
 from __future__ import annotations
 
+import codecs
 import glob
 import json
 import os
@@ -37,7 +39,8 @@ from pathlib import Path
 
 from gptlab.runtime import GptlabError
 
-FILE_SUFFIXES = (".txt", ".jsonl", ".parquet")
+RECORD_SUFFIXES = (".jsonl", ".parquet")  # files of records (a text field each); any other text file is a document
+SHOWN_SKIPPED = 3  # binary files named in the "skipped" line
 READ_BLOCK = 1 << 20
 PROBE_BYTES = 4096  # how much of a text file `check` reads to recognise UTF-16/32
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -48,7 +51,7 @@ _WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), 
 @dataclass(kw_only=True)
 class SourceOptions:
     text_field: str = "text"  # .jsonl field, .parquet column, dataset column
-    separator: str | None = None  # .txt: split a file into documents on this string (None: a file is a document)
+    separator: str | None = None  # text files: split a file into documents on this string (None: a file is a document)
     split: str = "train"  # Hugging Face split
 
 
@@ -102,7 +105,8 @@ def open_source(specs: str | list[str], options: SourceOptions | None = None) ->
     if specs[0].startswith("hf:"):
         return HuggingFaceSource(specs[0], options)
     source = FileSource(" ".join(specs), options)
-    source.files = find_files(specs)
+    scanned = scan_inputs(specs)
+    source.files, source.skipped = scanned.files, scanned.skipped_line()
     return source
 
 
@@ -138,33 +142,92 @@ class ShakespeareSource(Source):
 
 
 def find_files(specs: list[str]) -> list[Path]:
-    """Files from paths, globs and directories (their .txt/.jsonl/.parquet files, recursively), in a stable order."""
-    files: list[Path] = []
+    """Files from paths, globs and directories, in a stable order (see scan_inputs; binary files found in folders are left out)."""
+    return scan_inputs(specs).files
+
+
+@dataclass
+class ScannedInputs:
+    """The text files that paths, globs and folders name, and the binary files that folders and globs held (skipped)."""
+
+    files: list[Path]
+    binary: list[Path] = field(default_factory=list)
+
+    def skipped_line(self) -> str:
+        """"skipped 3 binary files: a.png, b.bin, c.zip" ("" when none), for the command's output."""
+        if not self.binary:
+            return ""
+        names = ", ".join(path.name for path in self.binary[:SHOWN_SKIPPED])
+        more = ", ..." if len(self.binary) > SHOWN_SKIPPED else ""
+        return f"skipped {len(self.binary)} binary file{'s' * (len(self.binary) > 1)}: {names}{more}"
+
+
+def is_text_file(path: Path) -> bool:
+    """Text by content, whatever the name: the first bytes decode as UTF-8 and hold no NUL byte.
+
+    A file opening with a UTF-16/32 byte-order mark counts as text here, so that reading it is refused
+    with how to convert it (FileSource.check) rather than skipped as binary. .jsonl and .parquet are
+    records (read by their suffix), not classified here.
+    """
+    with open(path, "rb") as handle:
+        head = handle.read(PROBE_BYTES)
+        whole = not handle.read(1)
+    if any(head.startswith(bom) for bom, _ in _WIDE_BOMS):
+        return True
+    if b"\0" in head:
+        return False
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=whole)  # a character the probe cut in two is fine
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _wanted(path: Path) -> bool:
+    return path.suffix in RECORD_SUFFIXES or is_text_file(path)
+
+
+def scan_inputs(specs: list[str]) -> ScannedInputs:
+    """Files from paths, globs and directories (recursively, hidden names left out), in a stable order.
+
+    Every text file is taken (decided by content: is_text_file), .jsonl and .parquet by their suffix; binary
+    files in folders and globs are skipped and listed. A file named directly must be text: a binary one is refused.
+    """
+    scanned = ScannedInputs([])
     for spec in specs:
         path = Path(spec)
         if path.is_file():
+            if not _wanted(path):
+                _refuse_wide_text(path, path.read_bytes()[:PROBE_BYTES])  # UTF-16 without a mark: how to convert it
+                raise GptlabError(f"{path} is not text (it holds NUL bytes or is not UTF-8): give text files, or a folder to skip such files in")
             found = [path]
         elif path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in FILE_SUFFIXES)
-            if not found:
-                raise GptlabError(f"directory {spec} holds no {'/'.join(FILE_SUFFIXES)} files")
+            found = sorted(p for p in path.rglob("*") if p.is_file() and not _hidden(p.relative_to(path)))
         elif any(char in spec for char in "*?["):
             found = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file())
             if not found:
                 raise GptlabError(f"no files match {spec!r}")
         else:
             raise GptlabError(f"input not found: {spec}")
-        for path in found:
-            if path.suffix not in FILE_SUFFIXES:
-                raise GptlabError(f"{path}: unsupported file type {path.suffix!r} (use {', '.join(FILE_SUFFIXES)})")
-        files.extend(found)
-    return files
+        kept = [each for each in found if each == path or _wanted(each)]
+        scanned.binary += [each for each in found if each not in kept]
+        if not kept:
+            what = "no files" if not found else f"only binary files ({ScannedInputs([], found).skipped_line()})"
+            raise GptlabError(f"{spec} holds {what}: give a folder or files of text (UTF-8)")
+        scanned.files += kept
+    return scanned
+
+
+def _hidden(relative: Path) -> bool:
+    """.git/, .cache/, .DS_Store: a folder's hidden entries are not the user's documents."""
+    return any(part.startswith(".") for part in relative.parts)
 
 
 class FileSource(Source):
-    """Local files, in the order `find_files` gives (set by open_source)."""
+    """Local files, in the order `scan_inputs` gives, and what it skipped (set by open_source)."""
 
     files: list[Path]
+    skipped: str = ""  # "skipped 2 binary files: a.png, b.bin" ("" when none)
 
     def describe(self) -> dict:
         return {
@@ -198,12 +261,12 @@ class FileSource(Source):
 
     def __iter__(self) -> Iterator[str]:
         for path in self.files:
-            if path.suffix == ".txt":
-                yield from self._txt(path)
-            elif path.suffix == ".jsonl":
+            if path.suffix == ".jsonl":
                 yield from self._jsonl(path)
-            else:
+            elif path.suffix == ".parquet":
                 yield from self._parquet(path)
+            else:
+                yield from self._txt(path)
 
     def _txt(self, path: Path) -> Iterator[str]:
         separator = self.options.separator

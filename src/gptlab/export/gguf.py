@@ -32,6 +32,7 @@ force, and only if it is a GGUF file. Not here: reading the file back (gguf.GGUF
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from pathlib import Path
 
@@ -59,45 +60,104 @@ def gguf_problems(config: ModelConfig) -> list[str]:
     bad = [f"--model.{name} {getattr(config, f'{name}_kind')}" for name, value in ARCH_RECIPES[config.arch].items()
            if getattr(config, f"{name}_kind") != value]
     if config.arch == "gpt2":
-        bad += ["--model.qk_norm true"] * config.qk_norm
-        bad += [f"--model.n_kv_head {config.n_kv_head}"] * (config.kv_heads != config.n_head)
-        bad += [f"--model.moe.n_experts {config.moe.n_experts}"] * config.is_moe
+        bad += ["--model.qk-norm true"] * config.qk_norm
+        bad += [f"--model.n-kv-head {config.n_kv_head}"] * (config.kv_heads != config.n_head)
+        bad += [f"--model.moe.n-experts {config.moe.n_experts}"] * config.is_moe
     elif config.qk_norm and (config.bias or config.qkv_bias):  # qwen3 has QK-norm and no biases
-        bad.append(f"--model.qk_norm true with --model.bias {config.bias} --model.qkv_bias {config.qkv_bias}")
+        bad.append(f"--model.qk-norm true with --model.bias {_value(config.bias)} --model.qkv-bias {_value(config.qkv_bias)}")
     if config.logit_softcap:
-        bad.append(f"--model.logit_softcap {config.logit_softcap}")
+        bad.append(f"--model.logit-softcap {config.logit_softcap}")
     if any(config.layer_windows):
-        bad.append(f"--model.attn_window {config.attn_window} (--model.window_pattern {config.window_pattern})")
+        bad.append(f"--model.attn-window {config.attn_window} (--model.window-pattern {config.window_pattern})")
     if config.is_moe and config.arch == "llama":
         bad += _moe_problems(config)
     return bad
 
 
+def _value(value) -> str:
+    """A value as the command line takes it: true/false for booleans."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+MOE_RECIPE = {"score": "softmax", "n_shared": 0, "capacity_factor": 0.0, "normalize": True, "first_dense": 0, "every": 1}
+
+
 def _moe_problems(config: ModelConfig) -> list[str]:
     """llama.cpp's qwen3moe and llama (Mixtral) route softmax top-k with renormalised weights, in every layer."""
-    moe, bad = config.moe, []
-    for name, value, wanted in (("score", moe.score, "softmax"), ("n_shared", moe.n_shared, 0),
-                                ("capacity_factor", moe.capacity_factor, 0.0), ("normalize", moe.normalize, True),
-                                ("first_dense", moe.first_dense, 0), ("every", moe.every, 1)):
-        if value != wanted:
-            bad.append(f"--model.moe.{name} {value}")
+    moe = config.moe
+    bad = [f"--model.moe.{name.replace('_', '-')} {_value(getattr(moe, name))}" for name, wanted in MOE_RECIPE.items()
+           if getattr(moe, name) != wanted]
     if config.bias or config.qkv_bias:
-        bad.append(f"--model.bias {config.bias} --model.qkv_bias {config.qkv_bias} with experts")
+        bad.append(f"--model.bias {_value(config.bias)} --model.qkv-bias {_value(config.qkv_bias)} with experts")
     return bad
 
 
+def gguf_recipe(config: ModelConfig, routing_bias: bool = False) -> list[tuple[str, object]]:
+    """The fewest --model settings ([("arch", "llama"), ...]) that would make a model like this one exportable
+    as GGUF, [] when none is found: llama's recipe (rotary, RMSNorm, SwiGLU) or gpt2's, each pared down to the
+    settings that matter, and the shorter one kept. Each is checked with gguf_problems."""
+    common = {"logit_softcap": 0.0, "attn_window": 0, "window_pattern": "L"}
+    candidates = [
+        {"arch": "llama", "position": "rotary", "norm": "rms", "activation": "swiglu", **common,
+         **({"bias": False, "qkv_bias": False} if config.qk_norm or config.is_moe else {}),
+         **{f"moe.{name}": value for name, value in MOE_RECIPE.items()},
+         **({"moe.bias_update": 0.0} if routing_bias else {})},
+        {"arch": "gpt2", "position": "learned", "norm": "layer", "activation": "gelu", "qk_norm": False, "n_kv_head": None,
+         "moe.n_experts": 0, **common},
+    ]
+    recipes = []
+    for candidate in candidates:
+        changes = {key: value for key, value in candidate.items() if _get(config, key) != value}
+        if not _exportable(config, changes, routing_bias):
+            continue
+        for key in list(changes):  # drop what the export does not need
+            fewer = {name: value for name, value in changes.items() if name != key}
+            if _exportable(config, fewer, routing_bias):
+                changes = fewer
+        recipes.append(list(changes.items()))
+    return min(recipes, key=len) if recipes else []
+
+
+def _get(config: ModelConfig, key: str):
+    head, _, tail = key.partition(".")
+    return getattr(config.moe, tail) if tail else getattr(config, head)
+
+
+def _exportable(config: ModelConfig, changes: dict, routing_bias: bool) -> bool:
+    """Whether a model with `changes` applied to `config` would export (a trained routing bias: unless not trained)."""
+    moe = {key[len("moe."):]: value for key, value in changes.items() if key.startswith("moe.")}
+    top = {key: value for key, value in changes.items() if not key.startswith("moe.")}
+    try:
+        changed = dataclasses.replace(config, **top, moe=dataclasses.replace(config.moe, **moe))
+        check_exportable(changed)
+    except (GptlabError, TypeError, ValueError):
+        return False
+    trained_bias = routing_bias and changed.is_moe and changed.moe.bias_update != 0
+    return not gguf_problems(changed) and not trained_bias
+
+
+def recipe_flags(recipe: list[tuple[str, object]], prefix: str = "--model.") -> str:
+    """[("arch", "llama"), ("bias", False)] -> "--model.arch llama --model.bias false"."""
+    return " ".join(f"{prefix}{key.replace('_', '-')} {_value(value)}" for key, value in recipe)
+
+
 def gguf_architecture(model: GPT) -> str:
-    """llama.cpp's architecture for `model`, or one GptlabError naming the options that have no GGUF equivalent."""
+    """llama.cpp's architecture for `model`, or one GptlabError naming the options that have no GGUF equivalent
+    and the training flags that would make such a model exportable."""
     config = model.config
     check_exportable(config)
     bad = gguf_problems(config)
-    if config.is_moe and model_hf.uses_routing_bias(model):
-        bad.append(f"--model.moe.bias_update {config.moe.bias_update} (a trained routing bias)")
+    routing_bias = config.is_moe and model_hf.uses_routing_bias(model)
+    if routing_bias:
+        bad.append(f"--model.moe.bias-update {config.moe.bias_update} (a trained routing bias)")
     if bad:
         verb = "has" if len(bad) == 1 else "have"
+        recipe = gguf_recipe(config, routing_bias)
+        fix = (f"; a model trained with {recipe_flags(recipe)} exports (gptlab run: {recipe_flags(recipe, '--train.model.')})"
+               if recipe else "")
         raise GptlabError(f"cannot export this {config.arch} model as GGUF: {', '.join(bad)} {verb} no GGUF/llama.cpp equivalent "
                           f"(llama.cpp runs gpt2 with learned positions, LayerNorm and GELU, and llama with rotary, RMSNorm and "
-                          f"SwiGLU); `gptlab export hf` writes any model")
+                          f"SwiGLU){fix}; `gptlab export hf` writes any model")
     architecture = model_hf.native_architecture(config)
     if architecture not in LLAMA_CPP_ARCHITECTURES:  # gguf_problems covers what native_architecture refuses
         raise GptlabError(f"cannot export this {config.arch} model as GGUF: no llama.cpp architecture computes it")

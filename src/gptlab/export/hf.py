@@ -35,6 +35,7 @@ from gptlab.model import GPT, ModelConfig
 from gptlab.model import hf as model_hf
 from gptlab.model.io import save_safetensors
 from gptlab.runtime import GptlabError, atomic_write_text, read_json
+from gptlab.runtime.config import flag
 from gptlab.tokenizer.huggingface import CONFIG_NAME as TOKENIZER_CONFIG_NAME
 from gptlab.tokenizer.huggingface import SPECIAL_TOKENS_MAP_NAME
 
@@ -75,7 +76,7 @@ def check_exportable(config: ModelConfig) -> None:
            if field.name not in COMPUTED_FIELDS and getattr(config, field.name) != getattr(defaults, field.name)]
     if bad:
         settings = ", ".join(f"{name}={getattr(config, name)!r}" for name in bad)
-        flags = " ".join(f"--model.{name} {getattr(defaults, name)}" for name in bad)
+        flags = " ".join(f"{flag('model.' + name)} {getattr(defaults, name)}" for name in bad)
         raise GptlabError(f"cannot export this model: {settings} is not computed by the exported modeling code; "
                           f"a model trained with {flags} exports")
 

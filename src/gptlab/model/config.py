@@ -152,7 +152,7 @@ class ModelConfig:
                               f"layers such as SSSL, got {self.window_pattern!r}")
         if "S" in self.window_pattern and self.attn_window == 0:
             raise GptlabError(f"window_pattern {self.window_pattern!r} has sliding-window (S) layers but attn_window is 0; "
-                              f"set --model.attn_window to the positions an S layer sees, or use window_pattern L")
+                              f"set --model.attn-window to the positions an S layer sees, or use --model.window-pattern L")
 
     def _check_kernels(self) -> None:
         if self.attention not in ATTENTIONS:

@@ -21,6 +21,7 @@ import functools
 import inspect
 import io
 import json
+import re
 import tokenize
 import types
 import typing
@@ -214,7 +215,10 @@ def build_config(cls: type, data: dict, *, source: str = "") -> Any:
     for name, value in data.items():
         kind = hints[name]
         if dataclasses.is_dataclass(kind) and isinstance(value, dict):
-            value = build_config(kind, value, source=f"{source or cls.__name__}.{name}")
+            try:
+                value = build_config(kind, value, source=f"{source or cls.__name__}.{name}")
+            except GptlabError as error:  # its flags as this config's command line spells them: --train.seq-len
+                raise GptlabError(prefix_flags(str(error), kind, name)) from None
         elif typing.get_origin(kind) is tuple and isinstance(value, list):
             value = tuple(value)
         kwargs[name] = value
@@ -222,6 +226,21 @@ def build_config(cls: type, data: dict, *, source: str = "") -> Any:
         return cls(**kwargs)
     except TypeError as error:
         raise GptlabError(f"{source or cls.__name__}: {error}") from None
+
+
+FLAG = re.compile(r"--([a-z][a-z0-9-]*)((?:\.[a-z0-9-]+)*)")
+
+
+def prefix_flags(message: str, kind: type, name: str) -> str:
+    """"--seq-len 256 ..." -> "--train.seq-len 256 ...": a nested config's error names the flags the user types,
+    which carry the field's name in front (only flags whose first part is a field of `kind` are changed)."""
+    fields = {field.name for field in dataclasses.fields(kind)}
+
+    def prefixed(match: re.Match) -> str:
+        first = match.group(1).replace("-", "_")
+        return f"--{name.replace('_', '-')}.{match.group(1)}{match.group(2)}" if first in fields else match.group(0)
+
+    return FLAG.sub(prefixed, message)
 
 
 def config_to_json(config: Any) -> str:

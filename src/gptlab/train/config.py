@@ -1,6 +1,6 @@
 """The training configuration (one dataclass of component configs) and its named presets.
 
-Every field can be overridden from the command line (`--model.n_layer 6`,
+Every field can be overridden from the command line (`--model.n-layer 6`,
 `--optimizer.lr 1e-3`); the resolved config is saved with every checkpoint.
 """
 
@@ -13,6 +13,7 @@ from gptlab.model import ModelConfig, preset
 from gptlab.model.accounting import count_params
 from gptlab.parallel import ParallelConfig
 from gptlab.runtime import GptlabError
+from gptlab.runtime.config import flag
 from gptlab.train.optim import OptimizerConfig
 from gptlab.train.schedule import ScheduleConfig
 
@@ -58,16 +59,32 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("batch_tokens", "seq_len", "max_steps", "eval_batches", "keep_last", "log_every"):
             if getattr(self, name) < 1:
-                raise GptlabError(f"{name} must be at least 1, got {getattr(self, name)}")
+                raise GptlabError(f"{flag(name)} must be at least 1, got {getattr(self, name)}")
         for name in ("micro_batch", "eval_every", "sample_every", "sample_tokens", "hellaswag_every", "hellaswag_limit", "checkpoint_every"):
             if getattr(self, name) < 0:
-                raise GptlabError(f"{name} must be 0 or more, got {getattr(self, name)}")
+                raise GptlabError(f"{flag(name)} must be 0 or more, got {getattr(self, name)}")
         if self.loader_mode not in ("sequential", "random"):
-            raise GptlabError(f"unknown loader_mode {self.loader_mode!r}; use sequential or random")
+            raise GptlabError(f"unknown --loader-mode {self.loader_mode!r}; use sequential or random")
         if self.time_limit < 0 or self.grad_clip < 0:
-            raise GptlabError(f"time_limit and grad_clip must be 0 or more, got {self.time_limit} and {self.grad_clip}")
+            raise GptlabError(f"--time-limit and --grad-clip must be 0 or more, got {self.time_limit} and {self.grad_clip}")
         if self.seq_len > self.model.block_size:
-            raise GptlabError(f"seq_len {self.seq_len} is longer than the model's block_size {self.model.block_size}")
+            raise GptlabError(self._seq_len_problems())
+
+    def _seq_len_problems(self) -> str:
+        """Every flag a --seq-len longer than the model's context needs changed, in one message."""
+        if self.init_from:  # the model's context is the one of the weights it starts from
+            return (f"--seq-len {self.seq_len} is longer than the context of the model it starts from ({self.init_from}: "
+                    f"block_size {self.model.block_size}); pass --seq-len {self.model.block_size} or less")
+        fixes = [f"--model.block-size {self.seq_len}"]
+        per_pass = self.seq_len * max(self.micro_batch, 1)
+        batch = ""
+        if self.batch_tokens % per_pass:
+            rounded = max(1, round(self.batch_tokens / per_pass)) * per_pass
+            fixes.append(f"--batch-tokens {rounded}")
+            batch = (f", and a batch of {self.batch_tokens:,} tokens does not divide by --micro-batch {self.micro_batch} x "
+                     f"--seq-len {self.seq_len} = {per_pass:,}")
+        return (f"--seq-len {self.seq_len} is longer than the model's context (--model.block-size {self.model.block_size}){batch}; "
+                f"set {' and '.join(fixes)} (or a shorter --seq-len)")
 
     def sequences_per_rank(self, world_size: int) -> int:
         """Sequences each rank trains on per optimizer step, all its micro-steps together."""
@@ -85,7 +102,7 @@ class TrainConfig:
         if self.batch_tokens % per_pass:
             raise GptlabError(
                 f"batch of {self.batch_tokens:,} tokens does not divide by micro_batch {self.micro_batch} x "
-                f"seq_len {self.seq_len} x world {world_size} = {per_pass:,}; change --batch_tokens or --micro_batch"
+                f"seq_len {self.seq_len} x world {world_size} = {per_pass:,}; change --batch-tokens or --micro-batch"
             )
         return self.batch_tokens // per_pass
 
