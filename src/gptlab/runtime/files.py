@@ -8,7 +8,7 @@ in place, never a truncated one. Files get the user's usual permissions
 Output folders: `check_out_dir` refuses a path that is a file, or a folder
 holding anything a command did not make (named by glob patterns), with one
 line that says what is there and what to pass. Reading back: `read_json`
-turns a damaged file into one clear error.
+turns a damaged file into one clear error, `read_text` a file that is not UTF-8.
 """
 
 from __future__ import annotations
@@ -79,6 +79,17 @@ def read_json(path: Path) -> Any:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise GptlabError(f"{path} is truncated or not JSON: {error}") from None
+
+
+def read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of `path`. Other bytes (a binary or latin-1 file) are one GptlabError naming the file and
+    line, since Python's own message ("'utf-8' codec can't decode byte 0xe9 in position 12") names neither."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise GptlabError(f"{path} line {line} is not UTF-8 text (byte {data[error.start]:#04x}); {what}") from None
 
 
 def describe_entries(names: Iterable[str], limit: int = 5) -> str:
