@@ -19,7 +19,6 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -34,9 +33,6 @@ from gptlab.infer.generate import SamplingConfig
 from gptlab.model import GPT
 from gptlab.runtime import GptlabError
 
-if TYPE_CHECKING:  # for annotations only: the trainer module imports this one
-    from gptlab.align.grpo import GRPOTrainer
-
 SHOWN_COMPLETIONS = 2  # completions per rollout written to completions.jsonl
 
 
@@ -46,9 +42,10 @@ class RolloutLoader:
     A rollout serves `epochs` steps (a new shuffle of its completions each), then the next is made.
     Rank r takes prompts r, r + world, ... of each rollout's P. `stats` describes the latest rollout;
     `flat` counts the rollouts whose groups, all ranks together, were at least FLAT without reward spread.
+    `trainer` is the GRPOTrainer it serves (gptlab.align.grpo, which imports this module: never the reverse).
     """
 
-    def __init__(self, trainer: GRPOTrainer) -> None:
+    def __init__(self, trainer) -> None:
         self.trainer, self.config = trainer, trainer.config
         self.rank, self.world = trainer.runtime.rank, trainer.runtime.world_size
         self.rollout, self.served, self.buffer, self.flat = 0, 0, None, 0
