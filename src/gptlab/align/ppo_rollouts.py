@@ -18,7 +18,6 @@ Not here: the losses (gptlab.align.ppo_loss), the loop and the models (gptlab.al
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,17 +27,15 @@ from gptlab.align.logprobs import IGNORE, logits_logprobs, masked_mean, whiten
 from gptlab.align.ppo_loss import gae, kl_controller, token_rewards
 from gptlab.align.rollout import pad_rows, rollout
 
-if TYPE_CHECKING:  # for annotations only: the trainer module imports this one
-    from gptlab.align.ppo import PPOTrainer
-
 PER_TOKEN = ("old_logp", "old_values", "advantages", "returns")  # the rollout's per-completion-token lists
 
 
 class PPORolloutLoader(RolloutLoader):
     """GRPO's rollout "loader" (seeded prompts, serving, resume) with one completion per prompt, PPO's advantages,
-    and β: each rollout serves ppo_epochs x minibatches steps. Rank r takes prompts r, r + world, ... of each rollout."""
+    and β: each rollout serves ppo_epochs x minibatches steps. Rank r takes prompts r, r + world, ... of each rollout.
+    `trainer` is the PPOTrainer it serves (gptlab.align.ppo, which imports this module: never the reverse)."""
 
-    def __init__(self, trainer: PPOTrainer) -> None:
+    def __init__(self, trainer) -> None:
         super().__init__(trainer)
         self.kl = kl_controller(self.config)
 
