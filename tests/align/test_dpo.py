@@ -176,7 +176,7 @@ def test_dpo_runs_on_two_gloo_ranks_and_they_agree(align_two_ranks):
     rank 0 alone writes the reference file, and the checkpoint holds both ranks' loader states."""
     import re
 
-    from gptlab.train.checkpoint import list_checkpoints
+    from gptlab.load.checkpoints import list_checkpoints
 
     reports = re.findall(r"status (\w+) accuracy ([0-9.]+)", ranks_stdout(align_two_ranks, "dpo"))
     assert len(reports) == 2 and reports[0] == reports[1] and reports[0][0] == "finished"

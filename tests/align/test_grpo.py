@@ -270,7 +270,7 @@ def test_two_gloo_ranks_train_as_one_process(chat_model, tmp_path, align_two_ran
     loss is normalised by the whole step's tokens: 2 ranks end with the weights of 1 process."""
     from safetensors.torch import load_file
 
-    from gptlab.train.checkpoint import list_checkpoints
+    from gptlab.load.checkpoints import list_checkpoints
 
     fit(grpo_config(chat_model, tmp_path / "single", loss="dapo", micro_batch=4))
     assert ranks_stdout(align_two_ranks, "grpo").count("status finished") == 2

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from gptlab.load.checkpoints import list_checkpoints
 from gptlab.model.config import MoEConfig
-from gptlab.train.checkpoint import list_checkpoints
 
 from .test_dpo import dpo_config
 from .test_dpo import quiet as quiet_dpo

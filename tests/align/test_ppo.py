@@ -152,7 +152,7 @@ def test_two_gloo_ranks_train_as_one_process(chat_model, tmp_path, align_two_ran
     over both ranks' tokens: 2 ranks end with the policy and value weights of 1 process."""
     from safetensors.torch import load_file
 
-    from gptlab.train.checkpoint import list_checkpoints
+    from gptlab.load.checkpoints import list_checkpoints
 
     fit(ppo_config(chat_model, tmp_path / "single", minibatches=1, micro_batch=4))
     assert ranks_stdout(align_two_ranks, "ppo").count("status finished") == 2

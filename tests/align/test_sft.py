@@ -11,12 +11,12 @@ from gptlab.align.sft import SFTConfig, SFTTrainer, run_sft
 from gptlab.chat import CHAT_TOKENS, ChatFormat
 from gptlab.cli.main import main
 from gptlab.data.match import find_model_tokenizer
+from gptlab.load.checkpoints import list_checkpoints
 from gptlab.model import preset
 from gptlab.model.io import load_model
 from gptlab.runtime import GptlabError
 from gptlab.tokenizer import Tokenizer
 from gptlab.train import Trainer
-from gptlab.train.checkpoint import list_checkpoints
 from gptlab.train.optim import OptimizerConfig
 from gptlab.train.schedule import ScheduleConfig
 

@@ -66,11 +66,11 @@ from gptlab.align.start import find_init, refuse_fsdp
 from gptlab.chat import CHAT_TOKENS, ChatFormat
 from gptlab.data.match import find_model_tokenizer
 from gptlab.infer.generate import SamplingConfig
+from gptlab.load.checkpoints import list_checkpoints
 from gptlab.model import GPT
 from gptlab.model.hf import load_pretrained_directory, read_pretrained_config
 from gptlab.runtime import GptlabError, atomic_write_text
 from gptlab.runtime.device import resolve_precision
-from gptlab.train.checkpoint import list_checkpoints
 from gptlab.train.trainer import RUN_FILES, Trainer, TrainResult
 
 __all__ = ["CLIPPED", "GRPO_PRESETS", "LOSSES", "GRPOConfig", "GRPOResult", "GRPOTrainer", "HeldOut", "LossParts", "RolloutLoader",

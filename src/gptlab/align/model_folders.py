@@ -28,10 +28,10 @@ import json
 from pathlib import Path
 
 from gptlab.data.match import find_model_tokenizer, load_tokenizer
+from gptlab.load.checkpoints import find_checkpoint
 from gptlab.model import GPT
 from gptlab.model.hf import load_pretrained_directory, pretrained_path
 from gptlab.runtime import GptlabError
-from gptlab.train.checkpoint import find_checkpoint
 
 GPT2_VOCAB_SIZE = 50257
 

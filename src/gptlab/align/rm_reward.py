@@ -38,11 +38,12 @@ import torch
 from gptlab.align.scalar import ScalarModel, last_scores
 from gptlab.chat import ChatFormat
 from gptlab.data.match import find_model_tokenizer
+from gptlab.load.checkpoints import find_checkpoint
 from gptlab.model import GPT
 from gptlab.model.hf import load_pretrained_directory
 from gptlab.model.io import config_from_dict, save_model, save_safetensors
 from gptlab.runtime import GptlabError, atomic_write_text
-from gptlab.train.checkpoint import STATE_NAME, WEIGHTS_NAME, find_checkpoint, load_checkpoint, read_checkpoint_state
+from gptlab.train.checkpoint import STATE_NAME, WEIGHTS_NAME, load_checkpoint, read_checkpoint_state
 
 FORMAT = "gptlab-reward-model"
 VERSION = 1

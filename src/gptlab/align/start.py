@@ -20,11 +20,11 @@ import torch
 
 from gptlab.chat import ChatFormat, add_chat_tokens
 from gptlab.data.match import find_model_tokenizer, load_tokenizer
+from gptlab.load.checkpoints import find_checkpoint
 from gptlab.model import GPT, ModelConfig
 from gptlab.model.hf import load_pretrained_directory, pretrained_path, read_pretrained_config
 from gptlab.model.resize import grow_vocab
 from gptlab.runtime import GptlabError
-from gptlab.train.checkpoint import find_checkpoint
 
 
 @dataclass
