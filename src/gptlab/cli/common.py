@@ -1,5 +1,5 @@
 """What several commands' parsers share: the model argument, the device flag, counts, and the fine-tuning commands'
-parser. Argument parsing only: finding and loading a model lives in gptlab.align.model_folders, the fine-tuning
+parser. Argument parsing only: finding and loading a model lives in gptlab.load.model_folders, the fine-tuning
 start-up in gptlab.align.launch.
 """
 
@@ -48,8 +48,8 @@ def load_draft(args: argparse.Namespace, model, tokenizer, device):
     """The --draft model on `device`, or None; one clear error for K < 1, a missing folder or another tokenizer."""
     if getattr(args, "draft", None) is None:
         return None
-    from gptlab.align.model_folders import load_model, load_model_tokenizer
     from gptlab.infer.speculative import check_draft
+    from gptlab.load.model_folders import load_model, load_model_tokenizer
 
     if args.draft_tokens < 1:
         raise GptlabError(f"--draft-tokens must be at least 1, got {args.draft_tokens}")
@@ -71,7 +71,7 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_for_decoding(args: argparse.Namespace):
     """(model, tokenizer, draft or None) as --checkpoint, --device, --quantize, --tokenizer and --draft ask."""
-    from gptlab.align.model_folders import load_model, load_model_tokenizer
+    from gptlab.load.model_folders import load_model, load_model_tokenizer
 
     device = pick_device(args.device)
     model, path = load_model(args.checkpoint, device=device)

@@ -96,9 +96,9 @@ def check_usage(args: argparse.Namespace) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from gptlab.align.model_folders import find_model, load_model, load_model_tokenizer
     from gptlab.data.match import check_tokenizer
     from gptlab.eval.output import claim_card_folder
+    from gptlab.load.model_folders import find_model, load_model, load_model_tokenizer
     from gptlab.runtime.device import autocast, init_runtime, resolve_precision, shutdown_runtime
 
     check_usage(args)

@@ -1,6 +1,6 @@
 """`gptlab sample`: text from a saved model, streamed to stdout as tokens arrive.
 
-The model is any folder gptlab makes or reads (gptlab.align.model_folders): a run
+The model is any folder gptlab makes or reads (gptlab.load.model_folders): a run
 folder, a checkpoint, a Hugging Face folder. The tokenizer is `--tokenizer`,
 else the one saved with the model. Generation stops at the tokenizer's
 end-of-text id and never draws an id the tokenizer cannot decode. With --num-samples N the samples run one after the

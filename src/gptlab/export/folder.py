@@ -8,7 +8,7 @@ each. OUT must be new, empty, or an earlier export (only the files an export wri
 replaced. A chat model (its tokenizer holds the chat tokens) carries its chat template, and <|end|> as its stop token.
 
 Not here: the weights' formats (gptlab.export.hf), the tokenizer's files (gptlab.tokenizer), finding the model a
-user names (gptlab.align.model_folders: export may not import train's run layout, so it takes the loaded model).
+user names (gptlab.load.model_folders: the command loads it there and passes the model in).
 """
 
 from __future__ import annotations
