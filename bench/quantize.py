@@ -113,7 +113,7 @@ def speed_memory_rows(name: str, spec: str, args: argparse.Namespace) -> list[st
 
 def quality_rows(run: Path, examples: int) -> list[str]:
     """Bits per byte and both report cards for each scheme (module docstring)."""
-    from gptlab.align.sft import mixture_tasks
+    from gptlab.align.finetune.sft import mixture_tasks
     from gptlab.chat import ChatFormat
     from gptlab.data.corpus import corpus_files
     from gptlab.eval.chat import evaluate_task

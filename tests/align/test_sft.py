@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from gptlab.align.sft import SFTConfig, SFTTrainer, run_sft
+from gptlab.align.finetune.sft import SFTConfig, SFTTrainer, run_sft
 from gptlab.chat import CHAT_TOKENS, ChatFormat
 from gptlab.cli.main import main
 from gptlab.data.match import find_model_tokenizer
@@ -147,7 +147,7 @@ def test_sft_base_tokenizer_must_match_the_model(base, prepared, tmp_path):
 SFT_DDP_SCRIPT = """
 import sys
 from pathlib import Path
-from gptlab.align.sft import run_sft
+from gptlab.align.finetune.sft import run_sft
 from tests.align.test_sft import sft_config
 result = run_sft(sft_config(Path(sys.argv[1]), Path(sys.argv[2]), micro_batch=4, max_steps=2, task_examples=4),
                  log=lambda *_: None)

@@ -48,9 +48,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from gptlab.align.finetune.sft import chat_sampler, mixture_tasks
 from gptlab.align.logprobs import token_logprobs
 from gptlab.align.pairs import IGNORE, PairLoader, PairLoaderConfig, load_pairs, pair_rows, render_pairs
-from gptlab.align.sft import chat_sampler, mixture_tasks
 from gptlab.align.start import refuse_fsdp, resolve_start
 from gptlab.chat.data import MixtureConfig
 from gptlab.model import GPT

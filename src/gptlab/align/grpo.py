@@ -280,7 +280,7 @@ class GRPOResult:
 def run_grpo(config: GRPOConfig, *, runtime=None, log: Callable[[str], None] = print, resume: bool = True,
              force: bool = False) -> GRPOResult:
     """Train with GRPO (or a relative), with held-out accuracy and pass@k before and after (every rank calls this)."""
-    from gptlab.align.sft import chat_sampler
+    from gptlab.align.finetune.sft import chat_sampler
 
     trainer = GRPOTrainer(config, runtime=runtime, log=log, resume=resume, force=force)
     trainer.sample_fn = chat_sampler(trainer.task.examples("test", 1)[0].question, trainer.config.max_new_tokens)

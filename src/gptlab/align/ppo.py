@@ -268,7 +268,7 @@ def heldout_reward(trainer: PPOTrainer, model: GPT) -> float:
 def run_ppo(config: PPOConfig, *, runtime=None, log: Callable[[str], None] = print, resume: bool = True,
             force: bool = False) -> PPOResult:
     """Train with PPO, with held-out reward and task accuracy before and after (every rank calls this)."""
-    from gptlab.align.sft import chat_sampler
+    from gptlab.align.finetune.sft import chat_sampler
 
     trainer = PPOTrainer(config, runtime=runtime, log=log, resume=resume, force=force)
     if trainer.prompt_splits is not None:
@@ -304,7 +304,7 @@ def run_ppo(config: PPOConfig, *, runtime=None, log: Callable[[str], None] = pri
 def _run_with_prompts(trainer: PPOTrainer, log: Callable[[str], None]) -> PPOResult:
     """run_ppo with --prompts: the held-out measure is the mean reward of greedy replies to the held-out prompts,
     before and after, and its change with a paired 95% interval (no task accuracy: files hold no answers)."""
-    from gptlab.align.sft import chat_sampler
+    from gptlab.align.finetune.sft import chat_sampler
 
     config, held, is_main = trainer.config, trainer.heldout_prompts, trainer.runtime.is_main
     sampler = chat_sampler(trainer.pool[0].question, config.max_new_tokens)
