@@ -183,7 +183,7 @@ def rm_accuracy(folder: Path) -> tuple[int, int] | None:
     """The reward model's held-out pair accuracy: task test questions, verified reply vs the same reply made wrong."""
     if not (folder / "rm.json").is_file():
         return None
-    from gptlab.align.pairs import wrong_reply
+    from gptlab.align.preference.pairs import wrong_reply
     from gptlab.align.rm_reward import load_reward_model
     from gptlab.chat.tasks import get_task
 

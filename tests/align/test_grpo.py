@@ -367,7 +367,7 @@ def test_compare_gives_paired_intervals_over_the_same_questions():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_grpo_and_dpo_run_on_cuda_in_bf16(chat_model, tmp_path):
     """The CUDA paths (the engine's rollouts, autocast, the Trainer's step) where a GPU exists."""
-    from gptlab.align.dpo import DPOConfig, run_dpo
+    from gptlab.align.preference.dpo import DPOConfig, run_dpo
 
     result = run_grpo(grpo_config(chat_model, tmp_path / "grpo", device="cuda", precision="bf16"), log=lambda *_: None)
     assert result.status == "finished" and all(math.isfinite(loss) for loss in result.train.losses)

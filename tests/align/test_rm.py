@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gptlab.align.pairs import parse_pair
+from gptlab.align.preference.pairs import parse_pair
 from gptlab.align.rm import RewardTrainer, RMConfig, bradley_terry_loss, run_rm
 from gptlab.model import preset
 from gptlab.runtime import GptlabError

@@ -18,10 +18,10 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gptlab.align.dpo import DPO_PRESETS, run_dpo
 from gptlab.align.finetune.sft import SFT_PRESETS, run_sft
 from gptlab.align.grpo import GRPO_PRESETS, run_grpo
 from gptlab.align.ppo import PPO_PRESETS, run_ppo
+from gptlab.align.preference.dpo import DPO_PRESETS, run_dpo
 from gptlab.align.rm import RM_PRESETS, run_rm
 from gptlab.align.start import find_init
 from gptlab.model.hf import read_pretrained_config

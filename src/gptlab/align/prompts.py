@@ -8,7 +8,7 @@ Named in a mixture spec as sft's and dpo's --data (gptlab.chat.data: comma-separ
                        {"messages": [a conversation]}                       up to and including its last user message
                        {"chosen": [conversation], "rejected": [conversation]}
                                                                             a preference pair without a prompt: the messages
-                                                                            both share (gptlab.align.pairs.parse_pair)
+                                                                            both share (gptlab.align.preference.pairs.parse_pair)
     hf:NAME, hf:/dir   a dataset with those columns, e.g. UltraFeedback binarized's `prompt` (splits train_prefs,
                        test_prefs); [column=NAME] reads the prompt (text or messages) from another column
     task:NAME[n=N]     a built-in task's questions; the task's example rides along (the verifier, the `answer` column)
@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gptlab.align.pairs import parse_pair, read_rows
+from gptlab.align.preference.pairs import parse_pair, read_rows
 from gptlab.align.rewards import VERIFIER, Rewards
 from gptlab.align.rollout import rollout
 from gptlab.chat import ChatFormat

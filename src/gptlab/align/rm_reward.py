@@ -118,7 +118,7 @@ class RewardScorer:
 def score_pairs(scorer: RewardScorer, spec: str, *, on_error: str = "skip") -> dict[str, float]:
     """How the reward model ranks the pairs a spec names (all of them: as `gptlab dpo --data` reads, none held out):
     pairs, accuracy (the share whose chosen reply scores higher) with its 95% Wilson interval, and the mean margin."""
-    from gptlab.align.pairs import load_pairs
+    from gptlab.align.preference.pairs import load_pairs
     from gptlab.chat.data import MixtureConfig
     from gptlab.eval.stats import wilson_interval
 

@@ -7,7 +7,7 @@ SFT starts from a base model that has never seen the chat tokens; DPO and GRPO
 usually start from an SFT model that has them, in which case nothing grows.
 A model's new rows start as the mean of its trained rows (gptlab.model.resize).
 
-Not here: the data and the loop (gptlab.align.finetune.sft, gptlab.align.dpo).
+Not here: the data and the loop (gptlab.align.finetune.sft, gptlab.align.preference.dpo).
 """
 
 from __future__ import annotations
