@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gptlab.align.finetune.sft import SFT_PRESETS, run_sft
-from gptlab.align.grpo import GRPO_PRESETS, run_grpo
-from gptlab.align.ppo import PPO_PRESETS, run_ppo
 from gptlab.align.preference.dpo import DPO_PRESETS, run_dpo
-from gptlab.align.rm import RM_PRESETS, run_rm
+from gptlab.align.rl.grpo import GRPO_PRESETS, run_grpo
+from gptlab.align.rl.ppo import PPO_PRESETS, run_ppo
+from gptlab.align.rl.rm import RM_PRESETS, run_rm
 from gptlab.align.start import find_init
 from gptlab.model.hf import read_pretrained_config
 from gptlab.runtime import GptlabError

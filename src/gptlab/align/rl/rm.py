@@ -2,7 +2,7 @@
 
     gptlab rm --init runs/sft --data "task:arithmetic[n=2000,digits=1], prefs.jsonl" --out runs/rm
 
-The model is a ScalarModel (gptlab.align.scalar) on the --init model's trunk (a base model gets the chat tokens, as
+The model is a ScalarModel (gptlab.align.rl.scalar) on the --init model's trunk (a base model gets the chat tokens, as
 SFT and DPO do); the reward r of a reply is the head's value at the last token of the rendered prompt + reply +
 <|end|>. For a pair's chosen c and rejected r (Bradley-Terry, as InstructGPT and TRL's RewardTrainer):
 
@@ -15,10 +15,10 @@ Pairs are what `gptlab dpo --data` reads (gptlab.align.preference.pairs); a step
 Logged per step: loss, accuracy (the share of pairs with r_c > r_r), margin (mean r_c − r_r), reward_mean and
 reward_std (over both replies); per evaluation (eval_every) the same as val_* on each rank's first eval_batches
 micro-batches of held-out pairs. Before and after training: the accuracy on every held-out pair with its 95% Wilson
-interval. At the end the run folder also holds the reward-model folder (gptlab.align.rm_reward), its scores
+interval. At the end the run folder also holds the reward-model folder (gptlab.align.rl.rm_reward), its scores
 normalised by the mean and spread of the rewards of the first normalise_pairs train pairs' replies.
 
-Not here: reading pairs (gptlab.align.preference.pairs), loading and scoring a trained reward model (gptlab.align.rm_reward),
+Not here: reading pairs (gptlab.align.preference.pairs), loading and scoring a trained reward model (gptlab.align.rl.rm_reward),
 the loop (gptlab.train.trainer).
 """
 
@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from gptlab.align.preference.pairs import PairLoader, PairLoaderConfig, PairSplit, load_pairs, render_pair
-from gptlab.align.rm_reward import FOLDER_FILES, reward_rows, score_sequences, write_reward_model
-from gptlab.align.scalar import ScalarModel, last_scores
+from gptlab.align.rl.rm_reward import FOLDER_FILES, reward_rows, score_sequences, write_reward_model
+from gptlab.align.rl.scalar import ScalarModel, last_scores
 from gptlab.align.start import refuse_fsdp, resolve_start
 from gptlab.chat.data import MixtureConfig
 from gptlab.eval.stats import wilson_interval
