@@ -9,8 +9,8 @@ import shutil
 import pytest
 import torch
 
-from gptlab.align.grpo import GRPOConfig, GRPOTrainer, group_advantages, policy_loss, run_grpo, token_weights
-from gptlab.align.rollout import pad_rows, rollout
+from gptlab.align.rl.grpo import GRPOConfig, GRPOTrainer, group_advantages, policy_loss, run_grpo, token_weights
+from gptlab.align.rl.rollout import pad_rows, rollout
 from gptlab.cli.main import main
 from gptlab.infer.generate import SamplingConfig
 from gptlab.model import GPT, preset
@@ -334,7 +334,7 @@ def test_grpo_on_a_gsm8k_style_dataset_rewards_the_final_number(chat_model, tmp_
     """GSM8K through the hf: source layer (a local dataset here, the hub online): prompts from its train split,
     rewards from `#### N` or the last number, held-out measures on its test split."""
     pytest.importorskip("datasets")
-    from gptlab.align.grpo import make_scorer
+    from gptlab.align.rl.grpo import make_scorer
     from gptlab.chat.tasks import GSM8K
 
     from ..chat.test_gsm8k import write_dataset
@@ -352,7 +352,7 @@ def test_grpo_on_a_gsm8k_style_dataset_rewards_the_final_number(chat_model, tmp_
 
 
 def test_compare_gives_paired_intervals_over_the_same_questions():
-    from gptlab.align.grpo import HeldOut, compare
+    from gptlab.align.rl.grpo import HeldOut, compare
     from gptlab.eval.stats import mean_interval
 
     before = HeldOut(greedy=[False, False, True, False], samples=[0, 1, 4, 2], k=4)

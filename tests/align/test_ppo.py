@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from gptlab.align.ppo import PPOConfig, PPOTrainer, run_ppo
+from gptlab.align.rl.ppo import PPOConfig, PPOTrainer, run_ppo
 from gptlab.cli.main import main
 from gptlab.model.io import load_model
 from gptlab.train.optim import OptimizerConfig
@@ -168,8 +168,8 @@ def test_two_gloo_ranks_train_as_one_process(chat_model, tmp_path, align_two_ran
 def test_ppo_scores_with_a_reward_model_and_starts_its_value_model_from_it(chat_model, tmp_path):
     from safetensors.torch import load_file
 
-    from gptlab.align.rm_reward import load_reward_model, write_reward_model
-    from gptlab.align.scalar import ScalarModel
+    from gptlab.align.rl.rm_reward import load_reward_model, write_reward_model
+    from gptlab.align.rl.scalar import ScalarModel
     from gptlab.tokenizer import Tokenizer
 
     torch.manual_seed(3)
@@ -195,9 +195,9 @@ def test_a_few_steps_raise_a_reward_models_score_on_held_out_prompts_within_the_
     """RLHF's loop end to end: a reward model (a scalar head on the chat model's trunk, its head drawn at random so the
     reward is one the policy can chase) scores the rollouts through `rm:DIR`; its mean score on held-out prompts,
     over the same seeded samples before and after, rises while the logged KL stays under the target."""
-    from gptlab.align.ppo import heldout_reward
-    from gptlab.align.rm_reward import write_reward_model
-    from gptlab.align.scalar import ScalarModel
+    from gptlab.align.rl.ppo import heldout_reward
+    from gptlab.align.rl.rm_reward import write_reward_model
+    from gptlab.align.rl.scalar import ScalarModel
     from gptlab.tokenizer import Tokenizer
 
     torch.manual_seed(0)
