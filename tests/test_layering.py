@@ -14,7 +14,8 @@ ALLOWED = {
     "data": {"runtime", "tokenizer"},
     "kernels": {"runtime"},
     "model": {"runtime", "kernels"},
-    "load": {"runtime", "model", "tokenizer", "data"},  # a model a user names, with its tokenizer: below all who load one
+    "load": {"runtime", "model", "tokenizer", "data", "infer"},  # a model a user names, with its tokenizer (and infer's
+    # quantising and draft check for decoding): below all who load one
     "infer": {"runtime", "model"},
     "chat": {"runtime", "tokenizer", "data"},
     "eval": {"runtime", "model", "data", "infer", "chat", "load"},
