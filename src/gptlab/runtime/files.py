@@ -18,6 +18,7 @@ import fnmatch
 import functools
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -119,3 +120,48 @@ def check_out_dir(path: str | os.PathLike, ours: Iterable[str] = (), *, flag: st
             f"pass a new or empty {flag}"
         )
     return [name.rstrip("/") for name in entries]
+
+
+def check_parents(path: Path, flag: str = "--out") -> None:
+    """Refuse an output path below a file (the folders to create there could not be made)."""
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise GptlabError(f"{flag} {path}: {parent} is a file, not a folder; pass a path in a folder")
+            return
+
+
+def check_out_file(out: str | None, flag: str = "--out") -> None:
+    """An --out FILE must be a file path, not a folder; checked before any work."""
+    if out is None:
+        return
+    path = Path(out)
+    if path.is_dir():
+        raise GptlabError(f"{flag} {out} is a folder; pass a file path (e.g. {path / 'out.txt'})")
+    check_parents(path, flag)
+
+
+def check_replaceable(out: Path, name: str, *, force: bool, flag: str = "--out") -> Path:
+    """`out`, a folder that may receive `name`: refused below a file, when it holds what a command did not make, or
+    when `name` is there already and `force` is off."""
+    check_parents(out, flag)
+    existing = check_out_dir(out, [name, f".{name}.*.tmp"], flag=flag)
+    if name in existing and not force:
+        raise GptlabError(f"{out / name} already exists; pass --force to replace it")
+    return out
+
+
+def read_inputs(files: list[str]) -> list[str]:
+    """The text of each file (UTF-8), or of stdin when there are none; one clear error for a missing or other file."""
+    if not files:
+        return [sys.stdin.read()]
+    texts = []
+    for name in files:
+        path = Path(name)
+        if not path.is_file():
+            raise GptlabError(f"input file not found: {name}")
+        try:
+            texts.append(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as error:
+            raise GptlabError(f"{name} is not valid UTF-8 (byte {error.start})") from None
+    return texts
