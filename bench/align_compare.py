@@ -129,7 +129,7 @@ def measure(folder: Path, name: str, start: str, log) -> dict:
         return json.loads(record.read_text())
     import torch
 
-    from gptlab.align.rollout import rollout
+    from gptlab.align.rl.rollout import rollout
     from gptlab.align.start import find_init
     from gptlab.chat import ChatFormat
     from gptlab.chat.tasks import get_task
@@ -163,7 +163,7 @@ def sample_kl(model, reference, prompt: list[int], group) -> float:
     import torch
 
     from gptlab.align.logprobs import token_logprobs
-    from gptlab.align.rollout import pad_rows
+    from gptlab.align.rl.rollout import pad_rows
 
     sequences = [prompt + c.tokens for c in group]
     x, y = pad_rows(sequences, [len(prompt)] * len(group), max(map(len, sequences)))
@@ -183,8 +183,8 @@ def rm_accuracy(folder: Path) -> tuple[int, int] | None:
     """The reward model's held-out pair accuracy: task test questions, verified reply vs the same reply made wrong."""
     if not (folder / "rm.json").is_file():
         return None
-    from gptlab.align.pairs import wrong_reply
-    from gptlab.align.rm_reward import load_reward_model
+    from gptlab.align.preference.pairs import wrong_reply
+    from gptlab.align.rl.rm_reward import load_reward_model
     from gptlab.chat.tasks import get_task
 
     task = get_task("arithmetic", digits=2)

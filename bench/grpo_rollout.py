@@ -5,7 +5,7 @@
 
 Rollouts are most of GRPO's time. One round samples P prompts x G completions three ways:
 
-- engine:      gptlab.align.rollout.rollout, every request in one batched KV-cache Engine call (what gptlab grpo does)
+- engine:      gptlab.align.rl.rollout.rollout, every request in one batched KV-cache Engine call (what gptlab grpo does)
 - per-prompt:  generate(model, [prompt] * G): each prompt's group as one static batch, prompt after prompt
 - one-by-one:  generate(model, [prompt]): one completion at a time (KV cache, batch 1)
 
@@ -23,7 +23,7 @@ import torch
 from machine import header
 from scipy.stats import mannwhitneyu
 
-from gptlab.align.rollout import rollout
+from gptlab.align.rl.rollout import rollout
 from gptlab.chat import ChatFormat, add_chat_tokens
 from gptlab.chat.tasks import get_task
 from gptlab.data.corpus import shakespeare_documents

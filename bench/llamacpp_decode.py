@@ -174,7 +174,7 @@ def gguf_tensor_bytes(path: Path) -> int:
 def load_or_build(args: argparse.Namespace) -> tuple[GPT, object, str]:
     """(fp32 model, tokenizer, description): --model's, or a seeded random one of --preset's shape with GPT-2's tokenizer."""
     if args.model:
-        from gptlab.align.model_folders import load_model, load_model_tokenizer
+        from gptlab.load.model_folders import load_model, load_model_tokenizer
 
         model, path = load_model(args.model)
         return model.float().eval(), load_model_tokenizer(args.model, path, model, None)[0], args.model

@@ -26,7 +26,7 @@ from machine import header
 
 from gptlab.model import preset
 from gptlab.model.config import MoEConfig
-from gptlab.model.gpt import MLP
+from gptlab.model.mlp import MLP
 from gptlab.model.moe import MoE
 from gptlab.runtime import atomic_write_text
 

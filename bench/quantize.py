@@ -41,7 +41,7 @@ import ctypes, gc, json, sys, torch
 def rss():
     gc.collect(); ctypes.CDLL("libc.so.6").malloc_trim(0)
     return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) * 1024
-from gptlab.align.model_folders import load_model
+from gptlab.load.model_folders import load_model
 from gptlab.infer.quantize import quantize_model, quantized_bytes
 from gptlab.model import GPT, preset
 spec, scheme = sys.argv[1], sys.argv[2]
@@ -59,7 +59,7 @@ print(json.dumps({"bytes": quantized_bytes(model), "rss": rss() - before}))
 
 def load(spec: str, scheme: str):
     """(model, its folder) as the CLI loads them with --quantize SCHEME; "gpt2": the random 124M shape, no folder."""
-    from gptlab.align.model_folders import load_model
+    from gptlab.load.model_folders import load_model
     from gptlab.model import GPT, preset
 
     if spec == "gpt2":
@@ -113,13 +113,13 @@ def speed_memory_rows(name: str, spec: str, args: argparse.Namespace) -> list[st
 
 def quality_rows(run: Path, examples: int) -> list[str]:
     """Bits per byte and both report cards for each scheme (module docstring)."""
-    from gptlab.align.model_folders import load_model_tokenizer
-    from gptlab.align.sft import mixture_tasks
+    from gptlab.align.finetune.sft import mixture_tasks
     from gptlab.chat import ChatFormat
     from gptlab.data.corpus import corpus_files
     from gptlab.eval.chat import evaluate_task
     from gptlab.eval.loss import evaluate_split
     from gptlab.eval.tasks.heldout import evaluate_held_out
+    from gptlab.load.model_folders import load_model_tokenizer
 
     settings = json.loads((run / "gptlab_run.json").read_text())["config"]
     texts = [path.read_text(encoding="utf-8") for path in corpus_files(settings["corpus"])[settings["val_every"] - 1 :: settings["val_every"]]]

@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from machine import REPO_ROOT, header
 
-from gptlab.align.model_folders import load_model, load_model_tokenizer
 from gptlab.infer import SamplingConfig, generate
 from gptlab.infer.speculative import SpeculativeDecoder
+from gptlab.load.model_folders import load_model, load_model_tokenizer
 
 PROMPTS = ["ROMEO:\n", "First Citizen:\nBefore we proceed any further, hear me speak.\n", "KING HENRY:\n", "To be"]
 

@@ -180,7 +180,7 @@ def test_ctrl_c_during_training_stops_the_run_with_130_and_the_same_command_resu
 
 
 def test_ctrl_c_during_fine_tuning_stops_with_130_and_the_same_command_resumes_it(tmp_path, monkeypatch, capsys):
-    from gptlab.align.sft import SFTTrainer
+    from gptlab.align.finetune.sft import SFTTrainer
 
     interrupt_once(monkeypatch, SFTTrainer, at_step=2)
     out = tmp_path / "run"

@@ -202,7 +202,7 @@ RUNS: dict[str, Scale] = {
     "from gptlab.train import Trainer, train_preset": Scale(),
     "from gptlab.data.match import find_model_tokenizer\nfrom gptlab.eval.suite import EvalConfig": Scale(),
     "from gptlab.chat import ChatFormat": Scale(),
-    "import torch\nfrom gptlab.align.dpo import dpo_loss": Scale(),
+    "import torch\nfrom gptlab.align.preference.dpo import dpo_loss": Scale(),
     "import torch\nfrom gptlab.align.logprobs import": Scale(),
     "from gptlab.scaling.laws import EPOCH": Scale(),
     "from transformers import AutoModelForCausalLM, AutoTokenizer": Scale(env=OFFLINE, needs=(EXPORT,)),

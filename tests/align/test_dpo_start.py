@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from gptlab.align.dpo import DPOTrainer, run_dpo
+from gptlab.align.preference.dpo import DPOTrainer, run_dpo
 from gptlab.model.io import load_model
 
 from .test_dpo import dpo_config, reply_logprob

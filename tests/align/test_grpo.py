@@ -9,8 +9,8 @@ import shutil
 import pytest
 import torch
 
-from gptlab.align.grpo import GRPOConfig, GRPOTrainer, group_advantages, policy_loss, run_grpo, token_weights
-from gptlab.align.rollout import pad_rows, rollout
+from gptlab.align.rl.grpo import GRPOConfig, GRPOTrainer, group_advantages, policy_loss, run_grpo, token_weights
+from gptlab.align.rl.rollout import pad_rows, rollout
 from gptlab.cli.main import main
 from gptlab.infer.generate import SamplingConfig
 from gptlab.model import GPT, preset
@@ -270,7 +270,7 @@ def test_two_gloo_ranks_train_as_one_process(chat_model, tmp_path, align_two_ran
     loss is normalised by the whole step's tokens: 2 ranks end with the weights of 1 process."""
     from safetensors.torch import load_file
 
-    from gptlab.train.checkpoint import list_checkpoints
+    from gptlab.load.checkpoints import list_checkpoints
 
     fit(grpo_config(chat_model, tmp_path / "single", loss="dapo", micro_batch=4))
     assert ranks_stdout(align_two_ranks, "grpo").count("status finished") == 2
@@ -334,7 +334,7 @@ def test_grpo_on_a_gsm8k_style_dataset_rewards_the_final_number(chat_model, tmp_
     """GSM8K through the hf: source layer (a local dataset here, the hub online): prompts from its train split,
     rewards from `#### N` or the last number, held-out measures on its test split."""
     pytest.importorskip("datasets")
-    from gptlab.align.grpo import make_scorer
+    from gptlab.align.rl.grpo import make_scorer
     from gptlab.chat.tasks import GSM8K
 
     from ..chat.test_gsm8k import write_dataset
@@ -352,7 +352,7 @@ def test_grpo_on_a_gsm8k_style_dataset_rewards_the_final_number(chat_model, tmp_
 
 
 def test_compare_gives_paired_intervals_over_the_same_questions():
-    from gptlab.align.grpo import HeldOut, compare
+    from gptlab.align.rl.grpo import HeldOut, compare
     from gptlab.eval.stats import mean_interval
 
     before = HeldOut(greedy=[False, False, True, False], samples=[0, 1, 4, 2], k=4)
@@ -367,7 +367,7 @@ def test_compare_gives_paired_intervals_over_the_same_questions():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_grpo_and_dpo_run_on_cuda_in_bf16(chat_model, tmp_path):
     """The CUDA paths (the engine's rollouts, autocast, the Trainer's step) where a GPU exists."""
-    from gptlab.align.dpo import DPOConfig, run_dpo
+    from gptlab.align.preference.dpo import DPOConfig, run_dpo
 
     result = run_grpo(grpo_config(chat_model, tmp_path / "grpo", device="cuda", precision="bf16"), log=lambda *_: None)
     assert result.status == "finished" and all(math.isfinite(loss) for loss in result.train.losses)

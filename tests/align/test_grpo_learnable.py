@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from gptlab.align import grpo
-from gptlab.align.grpo import GRPOTrainer, load_grpo_task, run_grpo
-from gptlab.align.learnable import PROBE_STREAM, StartProbe, nothing_learned
 from gptlab.align.logprobs import IGNORE, token_entropy
-from gptlab.align.rollout import rollout
+from gptlab.align.rl import grpo
+from gptlab.align.rl.grpo import GRPOTrainer, load_grpo_task, run_grpo
+from gptlab.align.rl.learnable import PROBE_STREAM, StartProbe, nothing_learned
+from gptlab.align.rl.rollout import rollout
 from gptlab.cli.main import main
 from gptlab.model.io import load_model
 from gptlab.runtime import GptlabError

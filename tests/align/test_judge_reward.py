@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from gptlab.align.judge_reward import SETTINGS_ENV, JudgeSettings, instruction_text, judge_reward
-from gptlab.align.rewards import Rewards, example_columns
+from gptlab.align.rl.judge_reward import SETTINGS_ENV, JudgeSettings, instruction_text, judge_reward
+from gptlab.align.rl.rewards import Rewards, example_columns
 from gptlab.chat.tasks import Arithmetic
 from gptlab.runtime import GptlabError
 from tests.eval.test_judge import FakeJudge, error

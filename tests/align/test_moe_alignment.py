@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from gptlab.load.checkpoints import list_checkpoints
 from gptlab.model.config import MoEConfig
-from gptlab.train.checkpoint import list_checkpoints
 
 from .test_dpo import dpo_config
 from .test_dpo import quiet as quiet_dpo
@@ -70,8 +70,8 @@ def test_balance_loss_trains_the_router_under_dpo_and_the_reward_model(moe_chat_
 
 def test_sparse_layers_are_numbered_by_block_and_a_second_trunk_after_the_first():
     """PPO's policy and a separate value model, both MoE: every sparse layer found, no number used twice."""
-    from gptlab.align.ppo import PolicyAndValue
-    from gptlab.align.scalar import ScalarModel
+    from gptlab.align.rl.ppo import PolicyAndValue
+    from gptlab.align.rl.scalar import ScalarModel
     from gptlab.model import GPT, preset
     from gptlab.train.moe_stats import sparse_layers
 

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from gptlab.align.pairs import PairLoader, PairLoaderConfig, load_pairs, parse_pair, read_pairs, render_pairs
+from gptlab.align.preference.pairs import PairLoader, PairLoaderConfig, load_pairs, parse_pair, read_pairs, render_pairs
 from gptlab.chat import ChatFormat
 from gptlab.chat.data import MixtureConfig, PartConfig
 from gptlab.chat.tasks import get_task

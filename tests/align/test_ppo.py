@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from gptlab.align.ppo import PPOConfig, PPOTrainer, run_ppo
+from gptlab.align.rl.ppo import PPOConfig, PPOTrainer, run_ppo
 from gptlab.cli.main import main
 from gptlab.model.io import load_model
 from gptlab.train.optim import OptimizerConfig
@@ -152,7 +152,7 @@ def test_two_gloo_ranks_train_as_one_process(chat_model, tmp_path, align_two_ran
     over both ranks' tokens: 2 ranks end with the policy and value weights of 1 process."""
     from safetensors.torch import load_file
 
-    from gptlab.train.checkpoint import list_checkpoints
+    from gptlab.load.checkpoints import list_checkpoints
 
     fit(ppo_config(chat_model, tmp_path / "single", minibatches=1, micro_batch=4))
     assert ranks_stdout(align_two_ranks, "ppo").count("status finished") == 2
@@ -168,8 +168,8 @@ def test_two_gloo_ranks_train_as_one_process(chat_model, tmp_path, align_two_ran
 def test_ppo_scores_with_a_reward_model_and_starts_its_value_model_from_it(chat_model, tmp_path):
     from safetensors.torch import load_file
 
-    from gptlab.align.rm_reward import load_reward_model, write_reward_model
-    from gptlab.align.scalar import ScalarModel
+    from gptlab.align.rl.rm_reward import load_reward_model, write_reward_model
+    from gptlab.align.rl.scalar import ScalarModel
     from gptlab.tokenizer import Tokenizer
 
     torch.manual_seed(3)
@@ -195,9 +195,9 @@ def test_a_few_steps_raise_a_reward_models_score_on_held_out_prompts_within_the_
     """RLHF's loop end to end: a reward model (a scalar head on the chat model's trunk, its head drawn at random so the
     reward is one the policy can chase) scores the rollouts through `rm:DIR`; its mean score on held-out prompts,
     over the same seeded samples before and after, rises while the logged KL stays under the target."""
-    from gptlab.align.ppo import heldout_reward
-    from gptlab.align.rm_reward import write_reward_model
-    from gptlab.align.scalar import ScalarModel
+    from gptlab.align.rl.ppo import heldout_reward
+    from gptlab.align.rl.rm_reward import write_reward_model
+    from gptlab.align.rl.scalar import ScalarModel
     from gptlab.tokenizer import Tokenizer
 
     torch.manual_seed(0)

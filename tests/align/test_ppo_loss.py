@@ -4,11 +4,11 @@ and value losses against their formulas written one token at a time (value and g
 import pytest
 import torch
 
-from gptlab.align.ppo import PolicyAndValue
-from gptlab.align.ppo_loss import AdaptiveKLController, FixedKLController, PPOConfig, gae, ppo_loss, token_rewards, value_loss
-from gptlab.align.ppo_rollouts import explained_variance, left_align, place
-from gptlab.align.rollout import pad_rows
-from gptlab.align.scalar import ScalarModel
+from gptlab.align.rl.ppo import PolicyAndValue
+from gptlab.align.rl.ppo_loss import AdaptiveKLController, FixedKLController, PPOConfig, gae, ppo_loss, token_rewards, value_loss
+from gptlab.align.rl.ppo_rollouts import explained_variance, left_align, place
+from gptlab.align.rl.rollout import pad_rows
+from gptlab.align.rl.scalar import ScalarModel
 from gptlab.model import GPT, preset
 from gptlab.runtime import GptlabError
 

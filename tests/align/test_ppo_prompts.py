@@ -1,4 +1,4 @@
-"""PPO's prompts from files, datasets and tasks (gptlab.align.prompts): every source form read into the expected
+"""PPO's prompts from files, datasets and tasks (gptlab.align.rl.prompts): every source form read into the expected
 conversations, held out by val_fraction or a test split, too-long prompts dropped and counted, a run against a
 reward model whose held-out reward matches an independent greedy decode, and mistakes refused in one line."""
 
@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from gptlab.align.ppo import PPOTrainer, run_ppo
-from gptlab.align.prompts import Prompt, load_prompts, reward_change
+from gptlab.align.rl.ppo import PPOTrainer, run_ppo
+from gptlab.align.rl.prompts import Prompt, load_prompts, reward_change
 from gptlab.cli.main import main
 from gptlab.model.io import load_model
 
@@ -116,8 +116,8 @@ def greedy_reference(model, chat, prompts, max_new_tokens) -> list[str]:
 
 
 def test_ppo_trains_on_file_prompts_against_a_reward_model_and_measures_held_out_reward(chat_model, tmp_path):
-    from gptlab.align.rm_reward import load_reward_model, write_reward_model
-    from gptlab.align.scalar import ScalarModel
+    from gptlab.align.rl.rm_reward import load_reward_model, write_reward_model
+    from gptlab.align.rl.scalar import ScalarModel
     from gptlab.chat import ChatFormat
     from gptlab.tokenizer import Tokenizer
 

@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from gptlab.align.rewards import Reward, Rewards, completion_text, example_columns, load_reward, parse_rewards, verifier_reward
+from gptlab.align.rl.rewards import Reward, Rewards, completion_text, example_columns, load_reward, parse_rewards, verifier_reward
 from gptlab.chat.tasks import Arithmetic
 from gptlab.runtime import GptlabError
 

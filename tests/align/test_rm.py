@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gptlab.align.pairs import parse_pair
-from gptlab.align.rm import RewardTrainer, RMConfig, bradley_terry_loss, run_rm
+from gptlab.align.preference.pairs import parse_pair
+from gptlab.align.rl.rm import RewardTrainer, RMConfig, bradley_terry_loss, run_rm
 from gptlab.model import preset
 from gptlab.runtime import GptlabError
 from gptlab.train.optim import OptimizerConfig
@@ -164,7 +164,7 @@ def test_rm_config_refuses_bad_settings_in_one_line(chat_model, tmp_path):
 RM_DDP_SCRIPT = """
 import json, sys
 from pathlib import Path
-from gptlab.align.rm import run_rm
+from gptlab.align.rl.rm import run_rm
 from tests.align.test_rm import rm_config
 result = run_rm(rm_config(Path(sys.argv[1]), Path(sys.argv[2]), micro_batch=4, max_steps=3, eval_every=0), log=lambda *_: None)
 print("RESULT " + json.dumps({"losses": result.train.losses, "accuracy": result.after["accuracy"]}), flush=True)

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from gptlab.align.rewards import Rewards
-from gptlab.align.rm import RewardTrainer, run_rm
-from gptlab.align.rm_reward import load_reward_model, reward_model_reward, score_pairs
+from gptlab.align.rl.rewards import Rewards
+from gptlab.align.rl.rm import RewardTrainer, run_rm
+from gptlab.align.rl.rm_reward import load_reward_model, reward_model_reward, score_pairs
 from gptlab.cli.main import main
 from gptlab.runtime import GptlabError
 

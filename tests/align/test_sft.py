@@ -7,16 +7,16 @@ import shutil
 import pytest
 import torch
 
-from gptlab.align.sft import SFTConfig, SFTTrainer, run_sft
+from gptlab.align.finetune.sft import SFTConfig, SFTTrainer, run_sft
 from gptlab.chat import CHAT_TOKENS, ChatFormat
 from gptlab.cli.main import main
 from gptlab.data.match import find_model_tokenizer
+from gptlab.load.checkpoints import list_checkpoints
 from gptlab.model import preset
 from gptlab.model.io import load_model
 from gptlab.runtime import GptlabError
 from gptlab.tokenizer import Tokenizer
 from gptlab.train import Trainer
-from gptlab.train.checkpoint import list_checkpoints
 from gptlab.train.optim import OptimizerConfig
 from gptlab.train.schedule import ScheduleConfig
 
@@ -147,7 +147,7 @@ def test_sft_base_tokenizer_must_match_the_model(base, prepared, tmp_path):
 SFT_DDP_SCRIPT = """
 import sys
 from pathlib import Path
-from gptlab.align.sft import run_sft
+from gptlab.align.finetune.sft import run_sft
 from tests.align.test_sft import sft_config
 result = run_sft(sft_config(Path(sys.argv[1]), Path(sys.argv[2]), micro_batch=4, max_steps=2, task_examples=4),
                  log=lambda *_: None)

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from gptlab.align import sft
+from gptlab.align.finetune import sft
+from gptlab.align.finetune.sft import SFTConfig, SFTTrainer, evaluate_entropy
 from gptlab.align.logprobs import IGNORE, token_entropy
-from gptlab.align.sft import SFTConfig, SFTTrainer, evaluate_entropy
 from gptlab.model import GPT, ModelConfig, preset
 from gptlab.train import Trainer
 from gptlab.train.optim import OptimizerConfig

@@ -4,7 +4,7 @@
 import json
 import random
 
-from gptlab.align.overfit import GAP, RISE, overfitting_warning
+from gptlab.align.finetune.overfit import GAP, RISE, overfitting_warning
 from gptlab.chat import ChatFormat
 from gptlab.chat.data import Mixture, MixtureConfig
 from gptlab.cli.main import main

@@ -10,10 +10,10 @@ import transformers
 
 from gptlab.cli.main import main
 from gptlab.infer import SamplingConfig, generate
+from gptlab.load.checkpoints import list_checkpoints
 from gptlab.model.io import load_model
 from gptlab.tokenizer import Tokenizer
 from gptlab.train import Trainer
-from gptlab.train.checkpoint import list_checkpoints
 from gptlab.train.config import shakespeare_cpu
 from tests.train.conftest import tiny_config
 

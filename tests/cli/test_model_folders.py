@@ -12,10 +12,10 @@ import torch
 from gptlab.cli.main import main
 from gptlab.infer import SamplingConfig
 from gptlab.infer.generate import generate, sample_next
+from gptlab.load.checkpoints import find_checkpoint, list_checkpoints
 from gptlab.model.io import load_model
 from gptlab.tokenizer import Tokenizer
 from gptlab.train import Trainer
-from gptlab.train.checkpoint import find_checkpoint, list_checkpoints
 from tests.train.conftest import tiny_config
 
 

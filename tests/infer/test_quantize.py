@@ -257,12 +257,11 @@ def test_cli_chat_serve_eval_quantize_the_model_right_after_loading_it(argv, cha
     leaves nothing behind (eval's card folder is undone)."""
     seen = []
 
-    def quantize_then_stop(model, args):
-        seen.append(quantize_model(model, args.quantize))
+    def quantize_then_stop(model, scheme):
+        seen.append(quantize_model(model, scheme))
         raise GptlabError("stopped after quantising")
 
-    where = "eval" if argv[0] == "eval" else "common"  # chat and serve load through gptlab.cli.common.load_for_decoding
-    monkeypatch.setattr(f"gptlab.cli.{where}.quantize_loaded", quantize_then_stop)
+    monkeypatch.setattr("gptlab.load.decoding.quantize_loaded", quantize_then_stop)  # chat, serve and eval load through it
     argv = [part.format(model=chat_model, out=tmp_path / "card") for part in argv]
     assert main([*argv, "--quantize", "int4"]) == 1
     assert "stopped after quantising" in capsys.readouterr().err

@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from gptlab.model import GPT, KVCache, ModelConfig, preset
-from gptlab.model.gpt import MLP, causal_mask, sliding_window_mask
+from gptlab.model.gpt import causal_mask, sliding_window_mask
 from gptlab.model.io import load_model, save_model
+from gptlab.model.mlp import MLP
 from gptlab.runtime import GptlabError
 
 EVERY_SWITCH = dict(position="rotary", norm="rms", activation="relu2", qk_norm=True, tie_embeddings=False,

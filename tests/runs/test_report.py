@@ -158,8 +158,8 @@ def test_a_checkpoint_refreshes_the_report_only_while_that_is_cheap(prepared, tm
 
 def test_dpo_and_grpo_runs_get_a_report_with_their_own_figures(chat_model, tmp_path):
     """The align trainers subclass the Trainer: their reports carry their stage's figures (and no write failed)."""
-    from gptlab.align.dpo import run_dpo
-    from gptlab.align.grpo import run_grpo
+    from gptlab.align.preference.dpo import run_dpo
+    from gptlab.align.rl.grpo import run_grpo
 
     from ..align.test_dpo import dpo_config
     from ..align.test_grpo import grpo_config

@@ -7,8 +7,8 @@ import signal
 
 import pytest
 
+from gptlab.load.checkpoints import list_checkpoints
 from gptlab.train import Trainer
-from gptlab.train.checkpoint import list_checkpoints
 from tests.train.conftest import tiny_config
 from tests.train.test_trainer import assert_same_weights, quiet
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from gptlab.load.checkpoints import list_checkpoints
 from gptlab.model import preset
 from gptlab.runtime import GptlabError
 from gptlab.train import TrainConfig, Trainer
-from gptlab.train.checkpoint import list_checkpoints
 from gptlab.train.fit import SAFETY, cgroup_room, choose_micro_batch, free_memory, micro_batch_memory, smaller_micro_batch
 
 from .conftest import tiny_config

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from gptlab.load.checkpoints import list_checkpoints
 from gptlab.model import preset
 from gptlab.model.config import MoEConfig
 from gptlab.model.moe import MoE
-from gptlab.train.checkpoint import list_checkpoints
 
 from .conftest import mask_some_targets, tiny_config
 from .test_trainer import assert_same_weights, final_weights, quiet, run_on_two_ranks

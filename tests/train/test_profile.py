@@ -11,12 +11,12 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from gptlab.cli.main import main
+from gptlab.load.checkpoints import list_checkpoints
 from gptlab.model import GPT, preset
 from gptlab.model.accounting import activation_bytes_per_layer, flops_per_token, training_memory
 from gptlab.model.io import save_model
 from gptlab.runtime import check_out_dir
 from gptlab.train import Trainer
-from gptlab.train.checkpoint import list_checkpoints
 from gptlab.train.measure import LiveTensorBytes
 from gptlab.train.optim import OptimizerConfig, build_optimizer
 from gptlab.train.profile import PROFILE_FILES, ProfileConfig, describe, profile_training, timeline_peak

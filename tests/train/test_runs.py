@@ -10,9 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from gptlab.load.checkpoints import list_checkpoints
 from gptlab.runtime import GptlabError
 from gptlab.train import Trainer
-from gptlab.train.checkpoint import list_checkpoints, prune, save_checkpoint
+from gptlab.train.checkpoint import prune, save_checkpoint
 
 from .conftest import tiny_config
 

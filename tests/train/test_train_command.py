@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from gptlab.cli.main import main
+from gptlab.load.checkpoints import list_checkpoints
 from gptlab.model.io import load_model
-from gptlab.train.checkpoint import list_checkpoints
 from tests.conftest import with_ctrl_c
 
 ROOT = Path(__file__).resolve().parents[2]

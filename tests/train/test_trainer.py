@@ -14,10 +14,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from gptlab.load.checkpoints import list_checkpoints
 from gptlab.model import GPT
 from gptlab.runtime import GptlabError
 from gptlab.train import Trainer
-from gptlab.train.checkpoint import list_checkpoints
 
 from .conftest import mask_some_targets, masked_batches, tiny_config
 

@@ -1,1 +1,2 @@
-"""Alignment: supervised fine-tuning on conversations and DPO on preference pairs (and, later, GRPO), built on gptlab.train."""
+"""Alignment, built on gptlab.train: fine-tuning (finetune/: SFT), preference optimisation (preference/: DPO) and RL
+with rewards (rl/: GRPO, PPO, reward models, judges); what they share (start, launch, logprobs) sits here."""

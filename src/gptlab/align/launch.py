@@ -8,7 +8,7 @@ The model's settings always come from --init, so --model.* (except --model.dropo
 seq_len to the base model's context when the preset's is longer. The fields a command has no use for are refused
 naming what to pass instead (the same tables give their --help its epilog).
 
-Not here: the loops (gptlab.align.sft, dpo, grpo), what the --init model holds (gptlab.align.start), parsing the
+Not here: the loops (gptlab.align.finetune.sft, dpo, grpo), what the --init model holds (gptlab.align.start), parsing the
 command line (gptlab.cli).
 """
 
@@ -18,11 +18,11 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gptlab.align.dpo import DPO_PRESETS, run_dpo
-from gptlab.align.grpo import GRPO_PRESETS, run_grpo
-from gptlab.align.ppo import PPO_PRESETS, run_ppo
-from gptlab.align.rm import RM_PRESETS, run_rm
-from gptlab.align.sft import SFT_PRESETS, run_sft
+from gptlab.align.finetune.sft import SFT_PRESETS, run_sft
+from gptlab.align.preference.dpo import DPO_PRESETS, run_dpo
+from gptlab.align.rl.grpo import GRPO_PRESETS, run_grpo
+from gptlab.align.rl.ppo import PPO_PRESETS, run_ppo
+from gptlab.align.rl.rm import RM_PRESETS, run_rm
 from gptlab.align.start import find_init
 from gptlab.model.hf import read_pretrained_config
 from gptlab.runtime import GptlabError

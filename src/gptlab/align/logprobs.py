@@ -12,7 +12,7 @@
 The log-probabilities are the negative cross-entropy with reduction="none": no second (B, T, vocab) tensor of
 log-softmax values is made. The entropy is computed a few rows at a time, so only a slice of float32
 probabilities exists at once, and without gradients (it is logged, not trained on).
-Not here: the losses that use them (gptlab.align.dpo, grpo_loss, ppo_loss).
+Not here: the losses that use them (gptlab.align.preference.dpo, grpo_loss, ppo_loss).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ SFT starts from a base model that has never seen the chat tokens; DPO and GRPO
 usually start from an SFT model that has them, in which case nothing grows.
 A model's new rows start as the mean of its trained rows (gptlab.model.resize).
 
-Not here: the data and the loop (gptlab.align.sft, gptlab.align.dpo).
+Not here: the data and the loop (gptlab.align.finetune.sft, gptlab.align.preference.dpo).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import torch
 
 from gptlab.chat import ChatFormat, add_chat_tokens
 from gptlab.data.match import find_model_tokenizer, load_tokenizer
+from gptlab.load.checkpoints import find_checkpoint
 from gptlab.model import GPT, ModelConfig
 from gptlab.model.hf import load_pretrained_directory, pretrained_path, read_pretrained_config
 from gptlab.model.resize import grow_vocab
 from gptlab.runtime import GptlabError
-from gptlab.train.checkpoint import find_checkpoint
 
 
 @dataclass

@@ -15,7 +15,7 @@ conversation); Ctrl-C at the prompt leaves (exit 130); so do /exit and Ctrl-D (e
 Notes and errors inside the session go to stderr and the session goes on.
 
 With --best-of N --reward SPEC each reply is the best of N candidates sampled together and scored
-by the reward with the conversation so far as the prompt (gptlab.align.best_of); the reply is shown
+by the reward with the conversation so far as the prompt (gptlab.align.rl.best_of); the reply is shown
 once chosen, with a dim line under it: its reward against the candidates' mean, min and max.
 Reply k's candidate j is seeded with seed + k·N + j, so N = 1 replies as without --best-of.
 """
@@ -72,7 +72,7 @@ class Session:
     messages: list[dict] = field(default_factory=list)  # user and assistant turns; the system prompt is kept apart
     replies: int = 0  # replies generated so far: reply k is seeded with seed + k (× best_of)
     best_of: int = 1  # candidates per reply
-    reward: object = None  # a gptlab.align.best_of.BestOfReward: replies are chosen by it (None: plain sampling)
+    reward: object = None  # a gptlab.align.rl.best_of.BestOfReward: replies are chosen by it (None: plain sampling)
     draft: object = None  # a draft GPT for speculative decoding (--draft; None: the model alone)
     draft_tokens: int = 4  # tokens the draft guesses per step (--draft-tokens)
 
@@ -140,7 +140,7 @@ class Session:
 
     def best_reply(self, messages: list[dict], config, write) -> str:
         """The best of `best_of` candidate replies by the reward, written once chosen, with its scores under it in dim."""
-        from gptlab.align.best_of import best_of_reply
+        from gptlab.align.rl.best_of import best_of_reply
         from gptlab.infer import Engine, EngineConfig
         from gptlab.infer.best_of import describe
 
@@ -198,7 +198,7 @@ class Session:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from gptlab.align.best_of import best_of_reward
+    from gptlab.align.rl.best_of import best_of_reward
     from gptlab.chat import ChatFormat
 
     reward = best_of_reward(args.best_of, args.reward, where="`gptlab chat` (a conversation, no known answer)")  # before the model: a bad spec costs no compute

@@ -1,13 +1,11 @@
 """What several commands' parsers share: the model argument, the device flag, counts, and the fine-tuning commands'
-parser. Argument parsing only: finding and loading a model lives in gptlab.align.model_folders, the fine-tuning
-start-up in gptlab.align.launch.
+parser. Argument parsing only: finding and loading a model lives in gptlab.load (model_folders, decoding), the
+fine-tuning start-up in gptlab.align.launch.
 """
 
 from __future__ import annotations
 
 import argparse
-
-from gptlab.runtime import GptlabError
 
 DEVICE_HELP = "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps (default auto)"
 MODEL_HELP = ("a run folder (its newest checkpoint; RUN/best for the best), a checkpoint, "
@@ -28,37 +26,11 @@ def add_quantize_argument(parser: argparse.ArgumentParser) -> None:
                         help="weights in int8 (per output channel) or int4 (groups of 32), on cpu or cuda (default none)")
 
 
-def quantize_loaded(model, args: argparse.Namespace):
-    """The loaded model, quantised in place as --quantize asks (none: unchanged)."""
-    if getattr(args, "quantize", "none") == "none":
-        return model
-    from gptlab.infer.quantize import quantize_model
-
-    return quantize_model(model, args.quantize)
-
-
 def add_draft_arguments(parser: argparse.ArgumentParser) -> None:
     """--draft MODEL --draft-tokens K: speculative decoding with a small model sharing the tokenizer (gptlab.infer.speculative)."""
     parser.add_argument("--draft", metavar="MODEL", help="a small draft model with the same tokenizer that guesses tokens for "
                         "the model to check: same output when greedy, same distribution when sampled, faster when it guesses well")
     parser.add_argument("--draft-tokens", type=int, default=4, metavar="K", help="tokens the draft guesses per step (default 4)")
-
-
-def load_draft(args: argparse.Namespace, model, tokenizer, device):
-    """The --draft model on `device`, or None; one clear error for K < 1, a missing folder or another tokenizer."""
-    if getattr(args, "draft", None) is None:
-        return None
-    from gptlab.align.model_folders import check_same_tokenizer, load_model, load_model_tokenizer
-    from gptlab.infer.speculative import check_draft
-
-    if args.draft_tokens < 1:
-        raise GptlabError(f"--draft-tokens must be at least 1, got {args.draft_tokens}")
-    draft, path = load_model(args.draft, device=device)
-    own, _ = load_model_tokenizer(args.draft, path, draft, None, required=False)
-    check_same_tokenizer(tokenizer, own or tokenizer, f"the draft {args.draft} was trained with another tokenizer than the model's",
-                         "train the draft on the same prepared data")
-    check_draft(model, draft, args.draft_tokens)
-    return draft
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,14 +40,12 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_for_decoding(args: argparse.Namespace):
-    """(model, tokenizer, draft or None) as --checkpoint, --device, --quantize, --tokenizer and --draft ask."""
-    from gptlab.align.model_folders import load_model, load_model_tokenizer
+    """(model, tokenizer, draft or None) as --checkpoint, --device, --quantize, --tokenizer and --draft ask
+    (gptlab.load.decoding)."""
+    from gptlab.load.decoding import load_for_decoding as load
 
-    device = pick_device(args.device)
-    model, path = load_model(args.checkpoint, device=device)
-    model = quantize_loaded(model, args)
-    tokenizer, _ = load_model_tokenizer(args.checkpoint, path, model, args.tokenizer)
-    return model, tokenizer, load_draft(args, model, tokenizer, device)
+    return load(args.checkpoint, pick_device(args.device), tokenizer=args.tokenizer, quantize=getattr(args, "quantize", "none"),
+                draft=getattr(args, "draft", None), draft_tokens=getattr(args, "draft_tokens", 4))
 
 
 def pick_device(name: str):

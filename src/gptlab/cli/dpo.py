@@ -23,7 +23,7 @@ def register(stages) -> None:
         help="align a chat model with preference pairs (DPO, IPO)",
         description="Direct Preference Optimisation: the model learns to prefer each pair's chosen reply over the "
         "rejected one, staying near the --init model (JSONL in the TRL preference formats, hf:DATASET, built-in "
-        "task:NAME with verified-wrong rejections; see gptlab.align.pairs).",
+        "task:NAME with verified-wrong rejections; see gptlab.align.preference.pairs).",
         init_help="the model to align (and the reference): a run, checkpoint or model folder",
     )
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gptlab.cli.common import DEVICE_HELP, add_quantize_argument, positive, quantize_loaded
+from gptlab.cli.common import DEVICE_HELP, add_quantize_argument, positive
 from gptlab.runtime import GptlabError
 from gptlab.runtime.optional import require
 
@@ -97,9 +97,10 @@ def check_usage(args: argparse.Namespace) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from gptlab.align.model_folders import find_model, load_model, load_model_tokenizer
     from gptlab.data.match import check_tokenizer
     from gptlab.eval.output import claim_card_folder
+    from gptlab.load.decoding import quantize_loaded
+    from gptlab.load.model_folders import find_model, load_model, load_model_tokenizer
     from gptlab.runtime.device import autocast, init_runtime, resolve_precision, shutdown_runtime
 
     check_usage(args)
@@ -117,7 +118,7 @@ def run_eval(args: argparse.Namespace) -> int:
         out = claim_card_folder(path, config, out=args.out, force=args.force) if config and runtime.is_main else None
         try:
             model, _ = load_model(str(path), device=runtime.device)
-            model = quantize_loaded(model, args).eval()
+            model = quantize_loaded(model, args.quantize).eval()
             context = autocast(runtime.device, resolve_precision(args.precision, runtime.device))
             say = print if runtime.is_main else (lambda line: None)
             if args.data:

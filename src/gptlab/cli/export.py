@@ -6,7 +6,7 @@
     model = AutoModelForCausalLM.from_pretrained("out/shakespeare-hf", trust_remote_code=True)  # gptlab's logits
     tokenizer = AutoTokenizer.from_pretrained("out/shakespeare-hf", trust_remote_code=True)    # gptlab's ids
 
-MODEL is any folder gptlab reads (gptlab.align.model_folders). The weights go through
+MODEL is any folder gptlab reads (gptlab.load.model_folders). The weights go through
 gptlab.export.export_hf: GPT2LMHeadModel, LlamaForCausalLM or Qwen3ForCausalLM where
 one computes the model exactly, else gptlab's own modeling code written into OUT
 (trust_remote_code=True); the line printed says which. The tokenizer goes through the
@@ -46,8 +46,8 @@ def register(stages) -> None:
 
 
 def run_export_hf(args: argparse.Namespace) -> int:
-    from gptlab.align.model_folders import load_model, load_model_tokenizer
     from gptlab.export import check_export_dir, check_exportable, write_hf_folder
+    from gptlab.load.model_folders import load_model, load_model_tokenizer
 
     check_export_dir(args.out, force=args.force)  # before the model is read: a wrong OUT costs nothing
     model, path = load_model(args.checkpoint)
@@ -60,9 +60,9 @@ def run_export_hf(args: argparse.Namespace) -> int:
 
 
 def run_export_gguf(args: argparse.Namespace) -> int:
-    from gptlab.align.model_folders import load_model, load_model_tokenizer
     from gptlab.export.gguf import check_gguf_out, export_gguf, gguf_architecture
     from gptlab.export.gguf_vocab import modelfile_path
+    from gptlab.load.model_folders import load_model, load_model_tokenizer
 
     check_gguf_out(args.out, force=args.force)  # before the model is read: a wrong OUT costs nothing
     if args.modelfile:

@@ -22,7 +22,7 @@ def register(stages) -> None:
         stages, "grpo", handler=run,
         help="reinforcement learning with verifiable rewards (GRPO, DAPO, Dr. GRPO, REINFORCE, expert iteration)",
         description="GRPO: the chat model samples a group of answers per prompt, a verifier scores them, and the "
-        "policy gradient favours the better ones (see gptlab.align.grpo for the loss variants).",
+        "policy gradient favours the better ones (see gptlab.align.rl.grpo for the loss variants).",
         init_help="the chat model: a run, checkpoint or model folder",
     )
 

@@ -1,5 +1,5 @@
 """`gptlab model info`: a model's size, FLOPs per token and training memory, from a preset or any saved model
-(a run folder, a checkpoint, a Hugging Face folder: gptlab.align.model_folders).
+(a run folder, a checkpoint, a Hugging Face folder: gptlab.load.model_folders).
 
 The throughput line is datasheet arithmetic (tokens/s at 40% of a named GPU's peak); `--measure`
 times the model's training step on this machine instead (gptlab.train.measure) and prints its tokens/s,
@@ -43,7 +43,7 @@ def register(stages) -> None:
 
 
 def _read_config(spec: str):
-    from gptlab.align.model_folders import find_model
+    from gptlab.load.model_folders import find_model
     from gptlab.model.hf import read_pretrained_config
 
     return read_pretrained_config(find_model(spec))

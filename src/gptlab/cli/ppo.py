@@ -24,7 +24,7 @@ def register(stages) -> None:
         stages, "ppo", handler=run,
         help="RLHF with PPO: a value model, a KL penalty to the start, clipped policy and value losses",
         description="PPO: the chat model answers each prompt, the reward scores the answer, and clipped policy and value "
-        "updates (GAE advantages, a per-token KL penalty to the start) favour better answers (see gptlab.align.ppo).",
+        "updates (GAE advantages, a per-token KL penalty to the start) favour better answers (see gptlab.align.rl.ppo).",
         init_help="the chat model (also the frozen reference): a run, checkpoint or model folder",
     )
 

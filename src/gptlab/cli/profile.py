@@ -47,7 +47,7 @@ def register(stages) -> None:
 
 def resolve_config(args: argparse.Namespace, device):
     """The ProfileConfig: the source's model and optimizer with the --model.* / --optimizer.* overrides, then the flags."""
-    from gptlab.align.model_folders import find_model
+    from gptlab.load.model_folders import find_model
     from gptlab.model import PRESETS as MODEL_PRESETS
     from gptlab.model import preset
     from gptlab.model.hf import read_pretrained_config

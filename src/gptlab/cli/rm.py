@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_score(args: argparse.Namespace) -> int:
-    from gptlab.align.rm_reward import load_reward_model, score_pairs
+    from gptlab.align.rl.rm_reward import load_reward_model, score_pairs
     from gptlab.cli.common import pick_device
     from gptlab.runtime import GptlabError
 

@@ -1,6 +1,6 @@
 """`gptlab sample`: text from a saved model, streamed to stdout as tokens arrive.
 
-The model is any folder gptlab makes or reads (gptlab.align.model_folders): a run
+The model is any folder gptlab makes or reads (gptlab.load.model_folders): a run
 folder, a checkpoint, a Hugging Face folder. The tokenizer is `--tokenizer`,
 else the one saved with the model. Generation stops at the tokenizer's
 end-of-text id (and a chat model's at its end-of-turn, `<|end|>`) and never draws an id the tokenizer cannot decode. With --num-samples N the samples run one after the
@@ -8,7 +8,7 @@ other, sample k seeded with seed + k, separated by a line of dashes.
 
 With --best-of N --reward SPEC each sample is the best of N candidates drawn together (sample k's
 candidate j seeded with seed + k·N + j, so N = 1 is plain sampling), scored by the reward
-(gptlab.align.best_of); the chosen text goes to stdout and a line to stderr gives its reward
+(gptlab.align.rl.best_of); the chosen text goes to stdout and a line to stderr gives its reward
 against the candidates' mean, min and max. With --task NAME the prompts are the first
 --num-samples questions of the task's test split, rendered for a chat model, and
 `--reward verifier` checks each candidate's answer.
@@ -78,7 +78,7 @@ def run_sample(args: argparse.Namespace) -> int:
             if reward is None:
                 stream_sample(model, tokenizer, ids, config, decoder)
                 continue
-            from gptlab.align.best_of import best_of_reply
+            from gptlab.align.rl.best_of import best_of_reply
             from gptlab.infer import Engine, EngineConfig
             from gptlab.infer.best_of import describe
 
@@ -100,7 +100,7 @@ def run_sample(args: argparse.Namespace) -> int:
 
 def load_reward(args: argparse.Namespace):
     """The --reward, loaded; None for plain sampling. Exactly one of --prompt and --task."""
-    from gptlab.align.best_of import best_of_reward
+    from gptlab.align.rl.best_of import best_of_reward
 
     if (args.prompt is None) == (args.task is None):
         raise GptlabError("give --prompt TEXT (text to continue) or --task NAME (questions of a built-in task), one of them")
@@ -127,7 +127,7 @@ def text_prompts(args: argparse.Namespace, tokenizer) -> tuple[list, tuple[int, 
 
 def task_prompts(args: argparse.Namespace, tokenizer) -> tuple[list, tuple[int, ...]]:
     """The task's first --num-samples test questions as chat prompts: (question line, ids, example), and the chat stop tokens."""
-    from gptlab.align.best_of import task_questions
+    from gptlab.align.rl.best_of import task_questions
     from gptlab.chat import ChatFormat
 
     try:

@@ -75,7 +75,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise GptlabError(f"--port must be in 0..65535, got {args.port}")
     check_api_key(args.api_key)  # before the model loads: an unset $KEY is refused at once
-    from gptlab.align.best_of import best_of_reward
+    from gptlab.align.rl.best_of import best_of_reward
 
     reward = best_of_reward(args.best_of, args.reward, where="`gptlab serve` (requests carry no known answer)")
     chosen = {} if args.prefix_cache_mb is None else {"prefix_cache_mb": args.prefix_cache_mb}

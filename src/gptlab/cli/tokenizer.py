@@ -1,20 +1,19 @@
-"""`gptlab tokenizer train|encode|decode|show|view`.
+"""`gptlab tokenizer train|encode|decode|show|view`: the flags, then calls into gptlab.tokenizer.
 
-decode tells ids from files by their text: arguments that are all whitespace-separated integers
-are ids (`decode -t gpt2 15496 11 995`, or one quoted "15496 11 995"), others are files of ids.
+decode tells ids from files by their text (gptlab.tokenizer.id_text): arguments that are all whitespace-separated
+integers are ids (`decode -t gpt2 15496 11 995`, or one quoted "15496 11 995"), others are files of ids.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
 
 from gptlab.runtime import GptlabError, atomic_write_text, check_out_dir
+from gptlab.runtime.files import check_out_file, check_parents, read_inputs
 
-INLINE_IDS = re.compile(r"\s*-?\d+(?:\s+-?\d+)*\s*")  # "15496", "15496 11 995": an argument of decode that is ids
 PATTERN_NAMES = ["gpt2", "gpt4", "cl100k", "o200k", "none"]  # gptlab.tokenizer.patterns, kept here so --help needs no import
 # the arguments a tokenizer depends on: a rerun with the same ones (and the same inputs) keeps the folder's tokenizer
 TRAIN_SETTINGS = ("style", "vocab_size", "pattern", "regex", "special", "no_special", "byte_fallback", "character_coverage", "normalizer")
@@ -105,7 +104,7 @@ def run_train(args: argparse.Namespace) -> int:
     _refuse_options(args, "bytelevel", byte_fallback="--byte-fallback", character_coverage="--character-coverage", normalizer="--normalizer")
     pattern = resolve_pattern(SplitRegex(args.regex) if args.regex is not None else args.pattern or "gpt4")
     out = Path(args.out)
-    _check_parents(out)
+    check_parents(out)
     if args.no_special and args.special:
         raise GptlabError("--special and --no-special contradict each other")
     specials = [] if args.no_special else (args.special or ["<|endoftext|>"])
@@ -182,7 +181,7 @@ def run_train_sentencepiece(args: argparse.Namespace) -> int:
         raise GptlabError("--special and --no-special contradict each other")
     name = "tokenizer.model"
     out = Path(args.out)
-    _check_parents(out)
+    check_parents(out)
     options = {"byte_fallback": args.byte_fallback, "character_coverage": args.character_coverage, "normalizer": args.normalizer}
     config = SentencePieceTrainerConfig(
         vocab_size=args.vocab_size,
@@ -205,40 +204,6 @@ def run_train_sentencepiece(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_inputs(files: list[str]) -> list[str]:
-    if not files:
-        return [sys.stdin.read()]
-    texts = []
-    for name in files:
-        path = Path(name)
-        if not path.is_file():
-            raise GptlabError(f"input file not found: {name}")
-        try:
-            texts.append(path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError as error:
-            raise GptlabError(f"{name} is not valid UTF-8 (byte {error.start})") from None
-    return texts
-
-
-def _check_parents(path: Path, flag: str = "--out") -> None:
-    """Refuse an output path below a file (the folders to create there could not be made)."""
-    for parent in path.absolute().parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise GptlabError(f"{flag} {path}: {parent} is a file, not a folder; pass a path in a folder")
-            return
-
-
-def _check_out_file(out: str | None) -> None:
-    """An --out FILE must be a file path, not a folder; checked before any work."""
-    if out is None:
-        return
-    path = Path(out)
-    if path.is_dir():
-        raise GptlabError(f"--out {out} is a folder; pass a file path (e.g. {path / 'out.txt'})")
-    _check_parents(path)
-
-
 def _write_output(text: str, out: str | None) -> None:
     if out:
         atomic_write_text(out, text)
@@ -251,47 +216,24 @@ def run_encode(args: argparse.Namespace) -> int:
 
     if args.allow_special and args.special_as_text:
         raise GptlabError("--allow-special and --special-as-text contradict each other")
-    _check_out_file(args.out)
+    check_out_file(args.out)
     tokenizer = load_any(args.tokenizer)
     options = {"allowed_special": "all"} if args.allow_special else {}
     if args.special_as_text:
         options = {"disallowed_special": ()}
-    lines = [" ".join(map(str, tokenizer.encode(text, **options))) + "\n" for text in _read_inputs(args.files)]
+    lines = [" ".join(map(str, tokenizer.encode(text, **options))) + "\n" for text in read_inputs(args.files)]
     _write_output("".join(lines), args.out)
     return 0
 
 
-def _id_sources(inputs: list[str]) -> list[tuple[str, str]]:
-    """(where, text of ids) to decode: the arguments themselves when they are ids, else the files they name."""
-    inline = [argument for argument in inputs if INLINE_IDS.fullmatch(argument)]
-    if inline and len(inline) == len(inputs):
-        return [("the arguments", " ".join(inputs))]
-    if inline:
-        file_name = next(argument for argument in inputs if not INLINE_IDS.fullmatch(argument))
-        raise GptlabError(
-            f"decode got ids ({inline[0]}) and a file name ({file_name}); give either ids or files (a file named like a number: ./{inline[0]})"
-        )
-    missing = next((name for name in inputs if not Path(name).is_file()), None)
-    if missing is not None:
-        raise GptlabError(f"input file not found: {missing} (decode reads arguments that are all integers as ids, others as files of ids)")
-    return list(zip(inputs or ["stdin"], _read_inputs(inputs)))
-
-
-def _parse_ids(text: str, where: str) -> list[int]:
-    words = text.split()
-    bad = next((word for word in words if not re.fullmatch(r"-?\d+", word)), None)
-    if bad is not None:
-        raise GptlabError(f"{where}: {bad[:40]!r} is not a token id; ids are whitespace-separated integers")
-    return [int(word) for word in words]
-
-
 def run_decode(args: argparse.Namespace) -> int:
+    from gptlab.tokenizer.id_text import id_sources, parse_ids
     from gptlab.tokenizer.pretrained import load_any
 
-    _check_out_file(args.out)
-    sources = _id_sources(args.inputs)
+    check_out_file(args.out)
+    sources = id_sources(args.inputs)
     tokenizer = load_any(args.tokenizer)
-    texts = [tokenizer.decode(_parse_ids(text, where)) for where, text in sources]
+    texts = [tokenizer.decode(parse_ids(text, where)) for where, text in sources]
     _write_output("\n".join(texts), args.out)
     return 0
 
@@ -302,7 +244,7 @@ def run_show(args: argparse.Namespace) -> int:
 
     tokenizer = load_any(args.tokenizer)
     path = Path(args.text)
-    text = _read_inputs([args.text])[0] if path.is_file() else args.text
+    text = read_inputs([args.text])[0] if path.is_file() else args.text
     ids = tokenizer.encode(text, allowed_special="all")
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     print(render_tokens(tokenizer, ids, color=color))

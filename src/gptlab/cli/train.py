@@ -47,9 +47,9 @@ def register(stages) -> None:
 
 def resolve_config(preset: str, overrides: list[str], depth: int | None = None, from_fit: str | None = None):
     """The preset (sized by --depth) with the overrides, the model's vocabulary taken from the data (or the model from --init-from)."""
-    from gptlab.align.model_folders import find_model
     from gptlab.data.shards import read_manifest
     from gptlab.data.workspace import TOKENIZER_NAMES
+    from gptlab.load.model_folders import find_model
     from gptlab.model.hf import read_pretrained_config
     from gptlab.runtime import GptlabError
     from gptlab.runtime.config import apply_overrides, parse_overrides

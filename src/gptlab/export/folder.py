@@ -9,7 +9,7 @@ replaced. A chat model (its tokenizer holds the chat tokens) carries its chat te
 config.json and the tokenizer's files; generate stops at <|end|> or <|endoftext|> (generation_config.json).
 
 Not here: the weights' formats (gptlab.export.hf), the tokenizer's files (gptlab.tokenizer), finding the model a
-user names (gptlab.align.model_folders: export may not import train's run layout, so it takes the loaded model).
+user names (gptlab.load.model_folders: the command loads it there and passes the model in).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ the lowest k, so a seeded run picks the same candidate every time.
 
 `score(candidates)` gets the n candidates' ids and returns one finite number each;
 what it measures (a reward model, a verifier, an LM judge) is the caller's business
-(gptlab.align.best_of builds one from a reward spec). Not here: text, rewards,
+(gptlab.align.rl.best_of builds one from a reward spec). Not here: text, rewards,
 the HTTP API (gptlab.serve.best_of).
 """
 

@@ -21,7 +21,7 @@ Rotary or learned positions are baked into the keys at their absolute positions;
 the same positions (block i of a prompt), so reused keys are exactly those a full prefill would compute, up to float
 rounding of a differently shaped matmul (which can only matter at a near tie, as for the engine's batching).
 
-A store belongs to one Engine and the weights its model has: gptlab.align.rollout builds an engine per rollout, so
+A store belongs to one Engine and the weights its model has: gptlab.align.rl.rollout builds an engine per rollout, so
 weights updated between rollouts never meet old blocks; whoever changes a served model's weights in place calls
 `engine.prefix_cache.clear()`.
 

@@ -31,7 +31,7 @@ The int4 kernels' layout is opaque and device-specific: quantise after moving th
 The kernels take int4's scale and zero in bf16 (and int8's scale, beside the fp32 one): a module's weights are
 the readable ones up to that rounding (measured: a few percent of a step), within the bf16 tolerance of the tests.
 
-Not here: loading (gptlab.align.model_folders), the `--quantize` flag (gptlab.cli.common).
+Not here: loading (gptlab.load.model_folders), the `--quantize` flag (gptlab.cli.common).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ vocab_size cut, as gptlab.infer.generate.sample_next samples them. Each step yie
 target forward, so it pays when the draft is much cheaper than the target and guesses well.
 
 Not here: the batched server version (gptlab.infer.engine.Engine with `draft=`, which uses `propose` and `verify`
-below), text (the draft must share the target's tokenizer: gptlab.cli.common.load_draft checks its fingerprint).
+below), text (the draft must share the target's tokenizer: gptlab.load.decoding.load_draft checks its fingerprint).
 """
 
 from __future__ import annotations

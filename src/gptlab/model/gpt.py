@@ -56,6 +56,7 @@ from torch.utils.checkpoint import checkpoint
 from gptlab.kernels import flash_attention, triton_flash_attention, triton_rms_norm, triton_runs_on
 from gptlab.model.config import ATTENTIONS, ModelConfig
 from gptlab.model.loss import linear_cross_entropy
+from gptlab.model.mlp import MLP
 from gptlab.model.moe import MoE, recomputing
 from gptlab.runtime import GptlabError
 
@@ -186,27 +187,6 @@ def reference_attention(q, k, v, mask: torch.Tensor | None, dropout: float = 0.0
     scores = scores.masked_fill(~mask, float("-inf"))
     weights = F.dropout(F.softmax(scores.float(), dim=-1).to(q.dtype), p=dropout)
     return weights @ v
-
-
-class MLP(nn.Module):
-    """gelu: GELU(x W_fc) W_proj (GPT-2). swiglu: (SiLU(x W_gate) * x W_up) W_proj, gate and up fused in c_fc
-    (Llama). relu2: relu(x W_fc)^2 W_proj (Primer; modded-nanogpt, nanochat)."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.activation = config.activation_kind
-        hidden = config.hidden_dim
-        self.c_fc = nn.Linear(config.n_embd, 2 * hidden if config.gated else hidden, bias=config.bias)
-        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
-        self.c_proj.residual = True
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.activation == "swiglu":
-            gate, up = self.c_fc(x).chunk(2, dim=-1)
-            return self.c_proj(F.silu(gate) * up)
-        if self.activation == "relu2":
-            return self.c_proj(F.relu(self.c_fc(x)).square())
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
 
 
 class Block(nn.Module):

@@ -56,6 +56,7 @@ from gptlab.model.config import ModelConfig
 from gptlab.model.gpt import GPT
 from gptlab.model.hf_moe import (
     MOE_MODEL_TYPES,
+    _require,
     is_moe_name,
     moe_architecture,
     moe_config_from_hf,
@@ -144,14 +145,6 @@ def _read_weight_file(path: Path) -> Tensors:
 
 
 # ---------------------------------------------------------------- configs
-
-
-def _require(checks: dict[str, tuple[object, tuple]], family: str) -> None:
-    """One error listing every setting we cannot compute exactly: {key: (actual, supported values)}."""
-    bad = [f"{key}={actual!r} (supported: {', '.join(map(repr, allowed))})"
-           for key, (actual, allowed) in checks.items() if actual not in allowed]
-    if bad:
-        raise GptlabError(f"unsupported {family} config: {'; '.join(bad)}. gptlab's model cannot compute this exactly")
 
 
 def _check_model_type(model_type: str | None, supported: tuple[str, ...]) -> None:

@@ -43,6 +43,15 @@ Tensors = dict[str, torch.Tensor]
 # ---------------------------------------------------------------- configs
 
 
+# used by gptlab.model.hf too, which imports this file (never the reverse)
+def _require(checks: dict[str, tuple[object, tuple]], family: str) -> None:
+    """One error listing every setting we cannot compute exactly: {key: (actual, supported values)}."""
+    bad = [f"{key}={actual!r} (supported: {', '.join(map(repr, allowed))})"
+           for key, (actual, allowed) in checks.items() if actual not in allowed]
+    if bad:
+        raise GptlabError(f"unsupported {family} config: {'; '.join(bad)}. gptlab's model cannot compute this exactly")
+
+
 def sparse_pattern(hf: dict, n_layer: int) -> list[bool]:
     """Which layers transformers makes sparse: Qwen3-MoE skips mlp_only_layers and keeps every decoder_sparse_step-th."""
     if hf.get("model_type") == MIXTRAL:
@@ -65,8 +74,6 @@ def _layout(pattern: list[bool]) -> tuple[int, int]:
 
 def moe_config_from_hf(hf: dict, config: ModelConfig) -> ModelConfig:
     """Add MoEConfig to `config` (the attention part, read by llama_config_from_hf) from a qwen3_moe / mixtral config.json."""
-    from gptlab.model.hf import _require
-
     model_type = hf["model_type"]
     checks: dict = {"router_jitter_noise": (hf.get("router_jitter_noise", 0.0), (0.0, 0))}
     if model_type == MIXTRAL:

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch.profiler import record_function
 
 from gptlab.model.config import ModelConfig
+from gptlab.model.mlp import MLP  # the dense MLP: shared experts, as wide as they are together
 
 STAT_NAMES = ("dropped", "assignments", "balance", "z", "forwards")  # pop_stats' scalars, after tokens (E,)
 _recomputing = False  # set while activation checkpointing runs a block again: its statistics were counted once
@@ -91,8 +92,6 @@ class MoE(nn.Module):
         self.experts_proj.residual = True
         self.shared = None
         if moe.n_shared:
-            from gptlab.model.gpt import MLP  # the dense MLP, as wide as the shared experts together
-
             self.shared = MLP(replace(config, mlp_hidden=moe.n_shared * hidden, bias=False))
         self.register_buffer("route_bias", torch.zeros(moe.n_experts))  # DeepSeek-V3's balancing bias (saved)
         self.register_buffer("step_load", torch.zeros(moe.n_experts), persistent=False)  # since the last bias update
@@ -171,7 +170,7 @@ class MoE(nn.Module):
         return grouped_matmul(hidden, proj, offsets)
 
     def _act(self, h: torch.Tensor) -> torch.Tensor:
-        """The dense MLP's activation (gptlab.model.gpt.MLP): SwiGLU on [gate | up], GELU (tanh) or relu^2."""
+        """The dense MLP's activation (gptlab.model.mlp.MLP): SwiGLU on [gate | up], GELU (tanh) or relu^2."""
         if self.gated:
             gate, up = h.chunk(2, dim=-1)
             return F.silu(gate) * up

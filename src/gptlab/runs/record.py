@@ -22,7 +22,7 @@ from pathlib import Path
 
 from gptlab.runs.machine import MACHINE_FILE
 from gptlab.runs.samples import read_samples
-from gptlab.runtime import GptlabError, read_json
+from gptlab.runtime import GptlabError, read_json, read_text
 
 AXES = ("step", "tokens", "time", "flops")
 METRICS_FILE = "metrics.jsonl"
@@ -125,17 +125,6 @@ class RunRecord:
 
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def read_text(path: Path, what: str) -> str:
-    """The UTF-8 text of `path`. Other bytes (a binary or latin-1 file) are one GptlabError naming the file and
-    line, since Python's own message ("'utf-8' codec can't decode byte 0xe9 in position 12") names neither."""
-    data = Path(path).read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        raise GptlabError(f"{path} line {line} is not UTF-8 text (byte {data[error.start]:#04x}); {what}") from None
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from gptlab.runtime import atomic_write_text
+from gptlab.runtime import atomic_write_text, read_text
 
 SAMPLES_FILE = "samples.jsonl"
 
@@ -29,8 +29,6 @@ def read_samples(out: str | os.PathLike) -> list[dict]:
     path = Path(out) / SAMPLES_FILE
     if not path.is_file():
         return []
-    from gptlab.runs.record import read_text  # record reads samples: imported here, not at the top
-
     samples = []
     for line in read_text(path, "the samples log is damaged").splitlines():
         try:

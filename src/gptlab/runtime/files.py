@@ -8,7 +8,7 @@ in place, never a truncated one. Files get the user's usual permissions
 Output folders: `check_out_dir` refuses a path that is a file, or a folder
 holding anything a command did not make (named by glob patterns), with one
 line that says what is there and what to pass. Reading back: `read_json`
-turns a damaged file into one clear error.
+turns a damaged file into one clear error, `read_text` a file that is not UTF-8.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import fnmatch
 import functools
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -81,6 +82,17 @@ def read_json(path: Path) -> Any:
         raise GptlabError(f"{path} is truncated or not JSON: {error}") from None
 
 
+def read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of `path`. Other bytes (a binary or latin-1 file) are one GptlabError naming the file and
+    line, since Python's own message ("'utf-8' codec can't decode byte 0xe9 in position 12") names neither."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise GptlabError(f"{path} line {line} is not UTF-8 text (byte {data[error.start]:#04x}); {what}") from None
+
+
 def describe_entries(names: Iterable[str], limit: int = 5) -> str:
     """"a.txt, b/, c.json and 3 more": what a folder holds, for an error message."""
     names = sorted(names)
@@ -108,3 +120,38 @@ def check_out_dir(path: str | os.PathLike, ours: Iterable[str] = (), *, flag: st
             f"pass a new or empty {flag}"
         )
     return [name.rstrip("/") for name in entries]
+
+
+def check_parents(path: Path, flag: str = "--out") -> None:
+    """Refuse an output path below a file (the folders to create there could not be made)."""
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise GptlabError(f"{flag} {path}: {parent} is a file, not a folder; pass a path in a folder")
+            return
+
+
+def check_out_file(out: str | None, flag: str = "--out") -> None:
+    """An --out FILE must be a file path, not a folder; checked before any work."""
+    if out is None:
+        return
+    path = Path(out)
+    if path.is_dir():
+        raise GptlabError(f"{flag} {out} is a folder; pass a file path (e.g. {path / 'out.txt'})")
+    check_parents(path, flag)
+
+
+def read_inputs(files: list[str]) -> list[str]:
+    """The text of each file (UTF-8), or of stdin when there are none; one clear error for a missing or other file."""
+    if not files:
+        return [sys.stdin.read()]
+    texts = []
+    for name in files:
+        path = Path(name)
+        if not path.is_file():
+            raise GptlabError(f"input file not found: {name}")
+        try:
+            texts.append(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as error:
+            raise GptlabError(f"{name} is not valid UTF-8 (byte {error.start})") from None
+    return texts

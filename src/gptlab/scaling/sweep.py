@@ -45,8 +45,7 @@ from gptlab.data.shards import read_manifest
 from gptlab.model import preset
 from gptlab.model.accounting import PARAM_CONVENTIONS, flops_per_token, scaling_params
 from gptlab.model.config import PRESETS as MODEL_PRESETS
-from gptlab.runs.record import read_text
-from gptlab.runtime import GptlabError, atomic_write_text, read_json
+from gptlab.runtime import GptlabError, atomic_write_text, read_json, read_text
 from gptlab.runtime.device import init_runtime
 from gptlab.runtime.rundir import claim_run_folder
 from gptlab.train import TrainConfig, Trainer

@@ -20,7 +20,7 @@ wrong types and out-of-range values are 400 (as OpenAI, not FastAPI's 422), a
 missing or wrong API key 401, an unknown model 404, a body over the size limit 413. A client that
 disconnects mid-stream cancels its generation, which frees its engine slot.
 
-Not here: the pieces of the request bodies (gptlab.serve.protocol), stop
+Not here: the pieces of the request bodies (gptlab.serve.protocol), the answers' objects (gptlab.serve.replies), stop
 strings (gptlab.serve.stops), the access log (gptlab.serve.access), batching and sampling (gptlab.infer.engine), the
 command line and uvicorn (gptlab.cli.serve).
 """
@@ -31,7 +31,6 @@ import asyncio
 import hmac
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -46,29 +45,17 @@ from gptlab.infer import Engine, SamplingConfig
 from gptlab.infer.best_of import check_best_of
 from gptlab.runtime import GptlabError
 from gptlab.serve.access import AccessLog, usage_slot
+from gptlab.serve.best_of import candidates_wanted, respond_best_of
 from gptlab.serve.generation import Generation, sse
 from gptlab.serve.limits import BodyLimit
 from gptlab.serve.protocol import ChatRequest, CompletionRequest, Sampling
+from gptlab.serve.replies import APIError, Reply, until_disconnected
 from gptlab.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 DEFAULT_MAX_REQUEST_BYTES = 1_000_000
 DEFAULT_MAX_TOKENS_LIMIT = 4096
-
-
-class APIError(Exception):
-    """An error answered with OpenAI's error body."""
-
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-
-    def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(body, status_code=self.status, headers=headers)
 
 
 def build_app(
@@ -219,8 +206,6 @@ class Runner:
     async def respond(self, body: Sampling, prompts: list[list[int]], stop_tokens: tuple[int, ...], *, chat: bool,
                       http: Request | None = None, reward_prompts: list | None = None):
         if body.best_of is not None or self.best_of > 1:
-            from gptlab.serve.best_of import candidates_wanted, respond_best_of  # it builds on this module
-
             count = candidates_wanted(body, self.best_of, self.reward)
             if count > 1:
                 return await respond_best_of(self, body, prompts, reward_prompts or [], stop_tokens, count, self.reward,
@@ -251,69 +236,6 @@ class Runner:
         if any(generation.finish_reason == "error" for generation in generations):
             raise APIError(500, "generation failed on the server", type="server_error")
         return reply.whole(texts, generations)
-
-
-async def until_disconnected(work, http: Request | None):
-    """The result of `work`, or None as soon as the client disconnects (the body is read: the next ASGI
-    message can only be http.disconnect). Without this a non-streaming request runs on to max_tokens."""
-    task = asyncio.ensure_future(work)
-    if http is None:
-        return await task
-    watch = asyncio.ensure_future(_disconnect(http))
-    try:
-        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    return None
-
-
-async def _disconnect(http: Request) -> None:
-    while (await http.receive())["type"] != "http.disconnect":
-        pass
-
-
-class Reply:
-    """OpenAI's response objects for one request: whole, or chunk by chunk."""
-
-    def __init__(self, chat: bool, model_name: str, prompt_tokens: int) -> None:
-        self.chat, self.model_name, self.prompt_tokens = chat, model_name, prompt_tokens
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        self.created = int(time.time())
-
-    def usage(self, generations: list[Generation]) -> dict:
-        completion = sum(generation.completion_tokens for generation in generations)
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion, "total_tokens": self.prompt_tokens + completion}
-
-    def _object(self, kind: str, choices: list[dict]) -> dict:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model_name, "choices": choices}
-
-    def whole(self, texts: list[str], generations: list[Generation]) -> dict:
-        choices = []
-        for index, (text, generation) in enumerate(zip(texts, generations)):
-            choice = {"index": index, "finish_reason": generation.finish_reason, "logprobs": None}
-            if self.chat:
-                choice["message"] = {"role": "assistant", "content": text}
-            else:
-                choice["text"] = text
-            choices.append(choice)
-        body = self._object("chat.completion" if self.chat else "text_completion", choices)
-        body["usage"] = self.usage(generations)
-        return body
-
-    def chunk(self, index: int, text: str | None, finish_reason: str | None, *, role: bool = False) -> dict:
-        if self.chat:
-            delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            return self._object("chat.completion.chunk", [choice])
-        return self._object("text_completion", [{"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}])
-
-    def usage_chunk(self, generations: list[Generation]) -> dict:
-        body = self._object("chat.completion.chunk" if self.chat else "text_completion", [])
-        body["usage"] = self.usage(generations)
-        return body
 
 
 async def stream_events(reply: Reply, generations: list[Generation], include_usage: bool) -> AsyncIterator[str]:

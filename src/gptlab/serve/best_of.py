@@ -29,9 +29,9 @@ from fastapi.responses import Response, StreamingResponse
 from gptlab.infer.best_of import check_scores, ranked, summarise
 from gptlab.runtime import GptlabError
 from gptlab.serve.access import usage_slot
-from gptlab.serve.app import APIError, Reply, Runner, until_disconnected
 from gptlab.serve.generation import Generation, sse
 from gptlab.serve.protocol import Sampling
+from gptlab.serve.replies import APIError, Reply, until_disconnected
 
 RewardFn = Callable[[object, list[str]], list[float]]  # (prompt: text or messages, candidate texts) -> a score each
 
@@ -51,9 +51,10 @@ def candidates_wanted(body: Sampling, default: int, reward: RewardFn | None) -> 
     return count
 
 
-async def respond_best_of(runner: Runner, body: Sampling, prompts: list[list[int]], reward_prompts: list, stop_tokens: tuple[int, ...],
+async def respond_best_of(runner, body: Sampling, prompts: list[list[int]], reward_prompts: list, stop_tokens: tuple[int, ...],
                           count: int, reward: RewardFn, *, chat: bool, http: Request | None = None):
-    """Sample `count` candidates of each prompt, score them, and answer with the n best of each."""
+    """Sample `count` candidates of each prompt, score them, and answer with the n best of each. `runner` is
+    gptlab.serve.app's Runner (its engine, tokenizer, model_name and configs), which calls this."""
     wide = body.model_copy(update={"n": count})  # Runner.configs gives candidate k the seed + k
     loop = asyncio.get_running_loop()
     groups: list[list[Generation]] = []

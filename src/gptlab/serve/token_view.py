@@ -35,8 +35,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gptlab.chat import ChatFormat, add_chat_tokens
 from gptlab.runtime import GptlabError
-from gptlab.serve.app import APIError, add_error_handlers, key_checker
+from gptlab.serve.app import add_error_handlers, key_checker
 from gptlab.serve.limits import BodyLimit
+from gptlab.serve.replies import APIError
 from gptlab.tokenizer.pretrained import available_offline, load_any
 
 STATIC = Path(__file__).parent / "static"

@@ -17,7 +17,8 @@ file against its recorded size and checksum and names the one that is damaged.
 
 A training run's folder (`OUT/checkpoints/`) keeps the last `keep_last`
 checkpoints plus the best by val loss (`best.json`); pruning never deletes the
-checkpoint just written. Not here: the training loop (gptlab.train.trainer).
+checkpoint just written. Not here: the training loop (gptlab.train.trainer), finding a run's checkpoints
+(gptlab.load.checkpoints).
 """
 
 from __future__ import annotations
@@ -31,13 +32,13 @@ from pathlib import Path
 
 import torch
 
+from gptlab.load.checkpoints import checkpoint_dir, list_checkpoints, step_of
 from gptlab.model import GPT
 from gptlab.model.io import load_state, save_model, save_safetensors
 from gptlab.runtime import GptlabError, atomic_write_text, read_json
 from gptlab.runtime.device import rng_state, set_rng_state
 
 FORMAT_VERSION = 1
-PREFIX = "step_"
 STATE_NAME = "trainer_state.json"
 WEIGHTS_NAME = "model.safetensors"
 DAMAGED_SUFFIX = ".damaged"
@@ -190,23 +191,6 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: 
 # ---------------------------------------------------------------- a run's checkpoints
 
 
-def checkpoint_dir(out: str | os.PathLike) -> Path:
-    return Path(out) / "checkpoints"
-
-
-def step_of(path: Path) -> int:
-    return int(path.name[len(PREFIX):])
-
-
-def list_checkpoints(out: str | os.PathLike) -> list[Path]:
-    """Checkpoint folders under a run's folder (complete or not), oldest first."""
-    root = checkpoint_dir(out)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()]
-    return sorted(found, key=step_of)
-
-
 def resume_point(out: str | os.PathLike, warn: Callable[[str], None]) -> Path | None:
     """The newest checkpoint that checks out. Damaged ones above it are set aside (renamed `*.damaged`) with a warning;
     if every checkpoint is damaged, the newest one's problem is the error: never "no checkpoint, start over"."""
@@ -252,30 +236,3 @@ def prune(out: str | os.PathLike, keep_last: int, keep: Path) -> None:
     for path in list_checkpoints(out)[:-keep_last]:
         if path.name not in (best, keep.name):
             shutil.rmtree(path)
-
-
-def find_checkpoint(spec: str | os.PathLike) -> Path | None:
-    """The checkpoint a path names: a run's folder (its newest), `RUN/best`, `RUN/latest`; None if it is no run folder.
-
-    A run folder is a training folder (it has checkpoints/) or a `gptlab run` folder (it has train/checkpoints/).
-    """
-    path = Path(spec).expanduser()
-    which = None
-    if not path.exists() and path.name in ("best", "latest"):
-        path, which = path.parent, path.name
-    for run in (path, path / "train"):
-        if checkpoint_dir(run).is_dir():
-            return _pick(run, which or "latest")
-    return None
-
-
-def _pick(run: Path, which: str) -> Path:
-    if which == "best":
-        best_file = checkpoint_dir(run) / "best.json"
-        if not best_file.is_file():
-            raise GptlabError(f"{run} has no best checkpoint yet (no best.json: no evaluation was saved); use {run} for the latest")
-        return checkpoint_dir(run) / read_json(best_file)["checkpoint"]
-    found = list_checkpoints(run)
-    if not found:
-        raise GptlabError(f"{run} holds no checkpoint yet")
-    return found[-1]

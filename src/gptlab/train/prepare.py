@@ -31,6 +31,7 @@ from gptlab.data.loader import LoaderConfig, ShardLoader
 from gptlab.data.match import check_tokenizer, data_tokenizer, find_model_tokenizer, load_matching_tokenizer
 from gptlab.data.shards import read_manifest
 from gptlab.eval.loss import load_token_bytes
+from gptlab.load.checkpoints import find_checkpoint
 from gptlab.model import GPT
 from gptlab.model.hf import load_pretrained_directory, pretrained_path, read_pretrained_config
 from gptlab.parallel.wrap import parallelize
@@ -41,7 +42,7 @@ from gptlab.runtime import GptlabError, atomic_write_text
 from gptlab.runtime.config import field_defaults
 from gptlab.runtime.device import autocast, resolve_precision, seed_everything
 from gptlab.runtime.rundir import claim_run_folder, read_marker
-from gptlab.train.checkpoint import find_checkpoint, resume_point
+from gptlab.train.checkpoint import resume_point
 from gptlab.train.config import TrainConfig
 from gptlab.train.metrics import MetricsLog
 from gptlab.train.optim import optimizer_recipe

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from gptlab.load.checkpoints import checkpoint_dir
 from gptlab.model import GPT
 from gptlab.parallel.expert import gather_expert_weights, is_expert_parallel, load_whole_state
 from gptlab.parallel.fsdp import full_model_state, load_full_state
@@ -28,7 +29,7 @@ from gptlab.runs import truncate_samples
 from gptlab.runtime import GptlabError
 from gptlab.runtime.config import config_changes, field_defaults
 from gptlab.runtime.device import rng_state
-from gptlab.train.checkpoint import checkpoint_dir, forget_after, load_checkpoint, prune, record_best, save_checkpoint
+from gptlab.train.checkpoint import forget_after, load_checkpoint, prune, record_best, save_checkpoint
 from gptlab.train.schedule import learning_rate
 
 

@@ -48,13 +48,13 @@ from pathlib import Path
 
 import torch
 
+from gptlab.load.checkpoints import list_checkpoints
 from gptlab.model import GPT
 from gptlab.parallel.wrap import check_config, clip_gradients, finish_gradient_synchronization, no_sync
 from gptlab.runtime import GptlabError
 from gptlab.runtime.device import Runtime, init_runtime
 from gptlab.runtime.processes import ctrl_c_deferred
 from gptlab.runtime.threads import BusyWatch, threads_are_automatic
-from gptlab.train.checkpoint import list_checkpoints
 from gptlab.train.config import TrainConfig
 from gptlab.train.fit import out_of_memory_error
 from gptlab.train.hooks import HooksMixin

@@ -1,4 +1,4 @@
-"""An LM judge as a reward: the `judge:URL` term of a reward spec (gptlab.align.rewards), for GRPO and PPO.
+"""An LM judge as a reward: the `judge:URL` term of a reward spec (gptlab.align.rl.rewards), for GRPO and PPO.
 
     gptlab grpo ... --reward "verifier,judge:http://127.0.0.1:8000/v1*0.5"
     judge:http://127.0.0.1:8000/v1                         the server's own model; a key from $GPTLAB_JUDGE_API_KEY if set
@@ -31,9 +31,9 @@ Failed gradings are not cached: the next call asks again.
 
 An unreachable judge is refused when the reward is built, before any compute. A reply the judge cannot grade (its
 verdict malformed after the re-asks, or its request failed for good) gets None: 0 in the total, left out of the
-judge's logged mean (gptlab.align.rewards), and counted in a warning. A batch in which no request got through at
+judge's logged mean (gptlab.align.rl.rewards), and counted in a warning. A batch in which no request got through at
 all raises GptlabError: a judge that went down would otherwise train the policy on zeros.
-Not here: the client and the prompts (gptlab.eval.judge), combining rewards (gptlab.align.rewards).
+Not here: the client and the prompts (gptlab.eval.judge), combining rewards (gptlab.align.rl.rewards).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptlab.align.rewards import completion_text
+from gptlab.align.rl.rewards import completion_text
 from gptlab.eval.judge import JudgeClient, Judgement, base_url, load_templates
 from gptlab.runtime import GptlabError
 

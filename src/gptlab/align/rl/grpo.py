@@ -4,9 +4,9 @@
 
 One optimizer step, for P prompts of the task's train split:
 
-    rollout   each prompt sampled G times by the batched KV-cache engine     (gptlab.align.grpo_rollouts)
-    reward    each completion scored: the task's verifier, and/or user functions (gptlab.align.rewards)
-    advantage A = r - mean(group rewards)   [/ std(group rewards)]           (gptlab.align.grpo_loss)
+    rollout   each prompt sampled G times by the batched KV-cache engine     (gptlab.align.rl.grpo_rollouts)
+    reward    each completion scored: the task's verifier, and/or user functions (gptlab.align.rl.rewards)
+    advantage A = r - mean(group rewards)   [/ std(group rewards)]           (gptlab.align.rl.grpo_loss)
     loss      over the completion tokens only: grpo, dapo, drgrpo, reinforce or expert, + β·KL optionally
 
 Reward functions are called once before the run folder is claimed, on a rollout's shape of stand-in
@@ -18,11 +18,11 @@ A group whose samples all get the same reward has advantage 0 and teaches
 nothing: the fraction of such groups is logged, with a warning as it nears 1, and
 the closing lines say so when that held for the whole run. Before the first step
 the start's pass rate on the train prompts is measured, and prompt_filter="learnable"
-keeps the prompts it sometimes gets right (gptlab.align.learnable); a start with too
+keeps the prompts it sometimes gets right (gptlab.align.rl.learnable); a start with too
 few of those is refused before any training, leaving no run folder. The policy's
 per-token entropy over the completion tokens is logged as `entropy`.
 Held-out accuracy (greedy), pass@1 and pass@k (k samples each) on the task's
-test split are measured before, during (task_every) and after training (gptlab.align.grpo_heldout).
+test split are measured before, during (task_every) and after training (gptlab.align.rl.grpo_heldout).
 
 The Trainer runs underneath (checkpoints, exact resume, DDP, precision): a
 "batch" here is a rollout, made on demand by RolloutLoader from the current
@@ -32,8 +32,8 @@ request's sampler is seeded from (seed, rollout, prompt, sample), and a
 rollout still being reused (epochs > 1) is saved in the checkpoint.
 
 The config, presets and loss pieces are importable from here as well as from their modules.
-Not here: sampling (gptlab.align.rollout, gptlab.infer), reward functions
-(gptlab.align.rewards), tasks and verifiers (gptlab.chat.tasks).
+Not here: sampling (gptlab.align.rl.rollout, gptlab.infer), reward functions
+(gptlab.align.rl.rewards), tasks and verifiers (gptlab.chat.tasks).
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ from pathlib import Path
 
 import torch
 
-from gptlab.align.grpo_heldout import HeldOut, compare, describe, heldout, heldout_fn
-from gptlab.align.grpo_loss import (
+from gptlab.align.logprobs import IGNORE, token_logprobs
+from gptlab.align.rl.grpo_heldout import HeldOut, compare, describe, heldout, heldout_fn
+from gptlab.align.rl.grpo_loss import (
     CLIPPED,
     GRPO_PRESETS,
     LOSSES,
@@ -59,18 +60,17 @@ from gptlab.align.grpo_loss import (
     policy_loss,
     token_weights,
 )
-from gptlab.align.grpo_rollouts import RolloutLoader, load_grpo_task, make_scorer, rollout_groups, rollout_stats
-from gptlab.align.learnable import FLAT, choose_pool, distinct, nothing_learned, probe_start
-from gptlab.align.logprobs import IGNORE, token_logprobs
+from gptlab.align.rl.grpo_rollouts import RolloutLoader, load_grpo_task, make_scorer, rollout_groups, rollout_stats
+from gptlab.align.rl.learnable import FLAT, choose_pool, distinct, nothing_learned, probe_start
 from gptlab.align.start import find_init, refuse_fsdp
 from gptlab.chat import CHAT_TOKENS, ChatFormat
 from gptlab.data.match import find_model_tokenizer
 from gptlab.infer.generate import SamplingConfig
+from gptlab.load.checkpoints import list_checkpoints
 from gptlab.model import GPT
 from gptlab.model.hf import load_pretrained_directory, read_pretrained_config
 from gptlab.runtime import GptlabError, atomic_write_text
 from gptlab.runtime.device import resolve_precision
-from gptlab.train.checkpoint import list_checkpoints
 from gptlab.train.trainer import RUN_FILES, Trainer, TrainResult
 
 __all__ = ["CLIPPED", "GRPO_PRESETS", "LOSSES", "GRPOConfig", "GRPOResult", "GRPOTrainer", "HeldOut", "LossParts", "RolloutLoader",
@@ -182,7 +182,7 @@ class GRPOTrainer(Trainer):
 
     def _choose_pool(self) -> None:
         """A new run measures the start's pass rate on the train prompts and, with prompt_filter learnable, keeps
-        the prompts it can learn from (gptlab.align.learnable); refused (the new folder removed) when too few."""
+        the prompts it can learn from (gptlab.align.rl.learnable); refused (the new folder removed) when too few."""
         config = self.config
         if config.probe_samples == 0:
             return
@@ -280,7 +280,7 @@ class GRPOResult:
 def run_grpo(config: GRPOConfig, *, runtime=None, log: Callable[[str], None] = print, resume: bool = True,
              force: bool = False) -> GRPOResult:
     """Train with GRPO (or a relative), with held-out accuracy and pass@k before and after (every rank calls this)."""
-    from gptlab.align.sft import chat_sampler
+    from gptlab.align.finetune.sft import chat_sampler
 
     trainer = GRPOTrainer(config, runtime=runtime, log=log, resume=resume, force=force)
     trainer.sample_fn = chat_sampler(trainer.task.examples("test", 1)[0].question, trainer.config.max_new_tokens)

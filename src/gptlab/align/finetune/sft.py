@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gptlab.align.finetune.overfit import epochs_warning, overfitting_warning
 from gptlab.align.logprobs import IGNORE, token_entropy
-from gptlab.align.overfit import epochs_warning, overfitting_warning
 from gptlab.align.start import resolve_start
 from gptlab.chat import ChatFormat
 from gptlab.chat.data import Mixture, MixtureConfig
@@ -155,7 +155,7 @@ class SFTTrainer(Trainer):
 
     def _evaluate(self) -> None:
         """Val loss (the Trainer's), then the entropy at the same val batches' assistant tokens (val_entropy);
-        once a run, a line when val loss rises while the train loss falls far below it (gptlab.align.overfit)."""
+        once a run, a line when val loss rises while the train loss falls far below it (gptlab.align.finetune.overfit)."""
         best_before = self.state.best_val
         super()._evaluate()
         if self.val_loader is None:

@@ -17,7 +17,7 @@ the value model's V_t and the reward's score s:
 β is fixed, or adapted after each rollout towards a target KL (Ziegler et al.'s AdaptiveKLController):
 β ← β·(1 + clip(KL/target - 1, -0.2, 0.2)·n/horizon), n the rollout's completions.
 The pieces here are pure functions of tensors, tested against hand computations.
-Not here: sampling and scoring rollouts (gptlab.align.ppo_rollouts), the loop (gptlab.align.ppo).
+Not here: sampling and scoring rollouts (gptlab.align.rl.ppo_rollouts), the loop (gptlab.align.rl.ppo).
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ class PPOConfig(TrainConfig):
 
     init_from: str = ""  # the chat model to improve, also the frozen reference: a run, checkpoint or model folder (--init)
     task: str = ""  # prompts, the verifier and held-out accuracy from a built-in task NAME[options] ("" and no prompts: arithmetic[digits=1])
-    prompts: str = ""  # or prompts from a mixture spec (gptlab.align.prompts): .jsonl files, hf:NAME[split=S], task:NAME[n=N]
+    prompts: str = ""  # or prompts from a mixture spec (gptlab.align.rl.prompts): .jsonl files, hf:NAME[split=S], task:NAME[n=N]
     heldout_prompts: str = ""  # with prompts: the held-out prompts' spec (e.g. a test split); "": val_fraction of --prompts
     val_fraction: float = 0.05  # with prompts and no heldout_prompts: the share of each file held out (a task part: its test split)
-    reward: str = "verifier"  # the score (gptlab.align.rewards): rm:DIR, verifier, judge:URL, file.py:fn, weighted sums
+    reward: str = "verifier"  # the score (gptlab.align.rl.rewards): rm:DIR, verifier, judge:URL, file.py:fn, weighted sums
     value_model: str = "separate"  # separate: a scalar head on a copy of the trunk | shared: a head on the policy's trunk
     value_init: str = ""  # separate only: start the value model from this reward model folder (gptlab rm), as TRL does
     rollout_prompts: int = 16  # completions per rollout (one per prompt), all ranks together

@@ -4,7 +4,7 @@
     result = best_of_reply(engine, tokenizer, ids, config, n=8, reward=reward, prompt=messages)
     describe(result.summary())  -> "best of 8: reward 1.2 (mean 0.3, min -0.8, max 1.2)"
 
-SPEC is a reward spec of gptlab.align.rewards (`rm:DIR`, `judge:URL`, `file.py:function`,
+SPEC is a reward spec of gptlab.align.rl.rewards (`rm:DIR`, `judge:URL`, `file.py:function`,
 `package.module:function`, weighted sums). `verifier` (or `task:NAME`, the same for that task)
 checks a known answer, so it needs the task the question came from: `gptlab sample --task NAME`
 has one; a chat turn or a served request does not, and is refused with the reason.
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gptlab.align.grpo_rollouts import load_grpo_task
-from gptlab.align.rewards import VERIFIER, Rewards, example_columns
+from gptlab.align.rl.grpo_rollouts import load_grpo_task
+from gptlab.align.rl.rewards import VERIFIER, Rewards, example_columns
 from gptlab.chat.tasks import Example, Task
 from gptlab.infer.best_of import BestOf, check_best_of, check_scores, choose, sample_candidates
 from gptlab.infer.engine import Engine

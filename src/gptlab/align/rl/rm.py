@@ -2,7 +2,7 @@
 
     gptlab rm --init runs/sft --data "task:arithmetic[n=2000,digits=1], prefs.jsonl" --out runs/rm
 
-The model is a ScalarModel (gptlab.align.scalar) on the --init model's trunk (a base model gets the chat tokens, as
+The model is a ScalarModel (gptlab.align.rl.scalar) on the --init model's trunk (a base model gets the chat tokens, as
 SFT and DPO do); the reward r of a reply is the head's value at the last token of the rendered prompt + reply +
 <|end|>. For a pair's chosen c and rejected r (Bradley-Terry, as InstructGPT and TRL's RewardTrainer):
 
@@ -10,15 +10,15 @@ SFT and DPO do); the reward r of a reply is the head's value at the last token o
 
 with `margin` a pair's own "margin" column (0 when absent; TRL's) and the second term TRL's reward centring
 (Eisenstein et al. 2023), which keeps the rewards near 0 since the first term only sees their differences.
-Pairs are what `gptlab dpo --data` reads (gptlab.align.pairs); a step is batch_tokens / seq_len pairs.
+Pairs are what `gptlab dpo --data` reads (gptlab.align.preference.pairs); a step is batch_tokens / seq_len pairs.
 
 Logged per step: loss, accuracy (the share of pairs with r_c > r_r), margin (mean r_c − r_r), reward_mean and
 reward_std (over both replies); per evaluation (eval_every) the same as val_* on each rank's first eval_batches
 micro-batches of held-out pairs. Before and after training: the accuracy on every held-out pair with its 95% Wilson
-interval. At the end the run folder also holds the reward-model folder (gptlab.align.rm_reward), its scores
+interval. At the end the run folder also holds the reward-model folder (gptlab.align.rl.rm_reward), its scores
 normalised by the mean and spread of the rewards of the first normalise_pairs train pairs' replies.
 
-Not here: reading pairs (gptlab.align.pairs), loading and scoring a trained reward model (gptlab.align.rm_reward),
+Not here: reading pairs (gptlab.align.preference.pairs), loading and scoring a trained reward model (gptlab.align.rl.rm_reward),
 the loop (gptlab.train.trainer).
 """
 
@@ -34,9 +34,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gptlab.align.pairs import PairLoader, PairLoaderConfig, PairSplit, load_pairs, render_pair
-from gptlab.align.rm_reward import FOLDER_FILES, reward_rows, score_sequences, write_reward_model
-from gptlab.align.scalar import ScalarModel, last_scores
+from gptlab.align.preference.pairs import PairLoader, PairLoaderConfig, PairSplit, load_pairs, render_pair
+from gptlab.align.rl.rm_reward import FOLDER_FILES, reward_rows, score_sequences, write_reward_model
+from gptlab.align.rl.scalar import ScalarModel, last_scores
 from gptlab.align.start import refuse_fsdp, resolve_start
 from gptlab.chat.data import MixtureConfig
 from gptlab.eval.stats import wilson_interval
@@ -63,7 +63,7 @@ def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: tor
 class RMConfig(TrainConfig):
     """TrainConfig's fields (data is a mixture of pairs, init_from the model whose trunk scores), and these."""
 
-    data: str = ""  # preference pairs: .jsonl files, hf:DATASET and task:NAME parts (gptlab.align.pairs)
+    data: str = ""  # preference pairs: .jsonl files, hf:DATASET and task:NAME parts (gptlab.align.preference.pairs)
     init_from: str = ""  # the model whose trunk the reward model starts from, usually an SFT run (--init)
     tokenizer: str = ""  # the model's tokenizer, when it has none saved with it
     center_rewards_coefficient: float = 0.0  # TRL's: adds this times mean((r_c + r_r)^2), keeping rewards near 0 (0: off)
@@ -195,7 +195,7 @@ class RewardTrainer(Trainer):
             problems = [problem for report in self.splits["train"].mixture.reports for problem in report.problems]
             why = f"first problem: {problems[0]}" if problems else f"none fits seq_len {config.seq_len}"
             raise GptlabError(f"no preference pairs to train on in {config.data} ({why}); a pair is "
-                              '{"prompt": ..., "chosen": ..., "rejected": ...}, see gptlab.align.pairs')
+                              '{"prompt": ..., "chosen": ..., "rejected": ...}, see gptlab.align.preference.pairs')
         self.has_val = "val" in self.splits
         self.accum = config.accumulation_steps(self.runtime.world_size)
         self.precision = resolve_precision(config.precision, self.runtime.device)

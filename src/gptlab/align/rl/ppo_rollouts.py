@@ -1,10 +1,10 @@
 """PPO's batches: each rollout's prompts drawn, sampled once each, scored, and turned into per-token advantages.
 
     rollout   P prompts of the pool (the task's train split, or --prompts; each rank its share), one completion each, sampled by the
-              batched KV-cache engine (gptlab.align.rollout) from the current policy
-    score     each completion scored by the --reward spec (gptlab.align.rewards: rm:DIR, verifier, judge:URL, ...)
+              batched KV-cache engine (gptlab.align.rl.rollout) from the current policy
+    score     each completion scored by the --reward spec (gptlab.align.rl.rewards: rm:DIR, verifier, judge:URL, ...)
     old       one pass without gradients: the policy's log-probs and values, the reference's log-probs
-    advantage per-token rewards, GAE and whitening (gptlab.align.ppo_loss), kept as the rollout's record
+    advantage per-token rewards, GAE and whitening (gptlab.align.rl.ppo_loss), kept as the rollout's record
 
 PPORolloutLoader is the PPO Trainer's "loader": a rollout serves ppo_epochs x minibatches optimizer steps, each
 epoch a new seeded shuffle cut into minibatches, each minibatch into micro-batches whose per-token weights hold
@@ -12,33 +12,30 @@ the minibatch's mean (all ranks together). After each rollout the KL coefficient
 Resume is exact: prompts come in a seeded order, each request's sampler is seeded from (seed, rollout, prompt),
 and a rollout still being served is saved in the checkpoint whole, with β. A few completions of each rollout go
 to OUT/completions.jsonl.
-Not here: the losses (gptlab.align.ppo_loss), the loop and the models (gptlab.align.ppo).
+Not here: the losses (gptlab.align.rl.ppo_loss), the loop and the models (gptlab.align.rl.ppo).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from gptlab.align.grpo_rollouts import RolloutLoader, place
 from gptlab.align.logprobs import IGNORE, logits_logprobs, masked_mean, whiten
-from gptlab.align.ppo_loss import gae, kl_controller, token_rewards
-from gptlab.align.rollout import pad_rows, rollout
-
-if TYPE_CHECKING:  # for annotations only: the trainer module imports this one
-    from gptlab.align.ppo import PPOTrainer
+from gptlab.align.rl.grpo_rollouts import RolloutLoader, place
+from gptlab.align.rl.ppo_loss import gae, kl_controller, token_rewards
+from gptlab.align.rl.rollout import pad_rows, rollout
 
 PER_TOKEN = ("old_logp", "old_values", "advantages", "returns")  # the rollout's per-completion-token lists
 
 
 class PPORolloutLoader(RolloutLoader):
     """GRPO's rollout "loader" (seeded prompts, serving, resume) with one completion per prompt, PPO's advantages,
-    and β: each rollout serves ppo_epochs x minibatches steps. Rank r takes prompts r, r + world, ... of each rollout."""
+    and β: each rollout serves ppo_epochs x minibatches steps. Rank r takes prompts r, r + world, ... of each rollout.
+    `trainer` is the PPOTrainer it serves (gptlab.align.rl.ppo, which imports this module: never the reverse)."""
 
-    def __init__(self, trainer: PPOTrainer) -> None:
+    def __init__(self, trainer) -> None:
         super().__init__(trainer)
         self.kl = kl_controller(self.config)
 

@@ -8,7 +8,7 @@
 The head reads the same hidden states the language-model head reads (GPT.hidden_states), so a trunk from any
 gptlab model (an SFT model, a pretrained one) carries over; the head starts near zero (std 1/sqrt(n_embd + 1), as
 TRL's reward and value heads), so the first scores do not swamp the loss.
-Not here: training a reward model (gptlab.align.rm), PPO (gptlab.align.ppo).
+Not here: training a reward model (gptlab.align.rl.rm), PPO (gptlab.align.rl.ppo).
 """
 
 from __future__ import annotations

@@ -5,14 +5,14 @@
     gptlab ppo --init runs/sft --prompts "prompts.jsonl, task:spelling[n=500]" --reward rm:runs/rm --out runs/ppo
 
 Prompts come from --task (its train split; the verifier and held-out accuracy on its test split) or --prompts, a
-mixture of files, datasets and task parts (gptlab.align.prompts), never both. With --prompts the held-out measure
+mixture of files, datasets and task parts (gptlab.align.rl.prompts), never both. With --prompts the held-out measure
 is the mean reward of greedy replies to held-out prompts (val_fraction of each file, or --heldout-prompts) before and
 after, and its change with a paired 95% interval; `verifier` is refused unless every prompt is one task's.
 
-Each rollout (gptlab.align.ppo_rollouts) samples one completion per prompt, scores it with the --reward spec,
-and turns the score and the per-token KL to the reference into per-token advantages (gptlab.align.ppo_loss);
+Each rollout (gptlab.align.rl.ppo_rollouts) samples one completion per prompt, scores it with the --reward spec,
+and turns the score and the per-token KL to the reference into per-token advantages (gptlab.align.rl.ppo_loss);
 then ppo_epochs passes of shuffled minibatches train policy and value together, one optimizer step per
-minibatch. The value model is ScalarModel (gptlab.align.scalar): on a copy of the trunk (--value-model
+minibatch. The value model is ScalarModel (gptlab.align.rl.scalar): on a copy of the trunk (--value-model
 separate, optionally started from a reward model with --value-init RM, as TRL does) or a head on the policy's
 own trunk (--value-model shared: one forward gives logits and values). One optimizer trains both.
 
@@ -21,7 +21,7 @@ gptlab chat, serve and eval read) with the value model beside it: value/ (a mode
 the reward model's layout) when separate, value_head.safetensors when shared. As GRPO's: rewards are probed before the run folder is claimed, a
 new run that fails before its first step is removed, --parallel.fsdp is refused, and held-out task accuracy
 and mean reward are measured before and after.
-Not here: sampling (gptlab.align.rollout), reward functions (gptlab.align.rewards), reward models (gptlab.align.rm).
+Not here: sampling (gptlab.align.rl.rollout), reward functions (gptlab.align.rl.rewards), reward models (gptlab.align.rl.rm).
 """
 
 from __future__ import annotations
@@ -35,15 +35,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from gptlab.align.grpo import GRPOResult, GRPOTrainer
-from gptlab.align.grpo_heldout import HeldOut, compare, describe, heldout, heldout_fn
 from gptlab.align.logprobs import logits_logprobs, token_entropy
-from gptlab.align.ppo_loss import DEFAULT_TASK, PPO_PRESETS, PPOConfig, ppo_cpu, ppo_loss
-from gptlab.align.ppo_rollouts import PPORolloutLoader
-from gptlab.align.prompts import Prompt, greedy_rewards, load_prompts, names_verifier, prompt_scorer, reward_change
-from gptlab.align.rm_reward import load_reward_model
-from gptlab.align.rollout import rollout
-from gptlab.align.scalar import ScalarModel
+from gptlab.align.rl.grpo import GRPOResult, GRPOTrainer
+from gptlab.align.rl.grpo_heldout import HeldOut, compare, describe, heldout, heldout_fn
+from gptlab.align.rl.ppo_loss import DEFAULT_TASK, PPO_PRESETS, PPOConfig, ppo_cpu, ppo_loss
+from gptlab.align.rl.ppo_rollouts import PPORolloutLoader
+from gptlab.align.rl.prompts import Prompt, greedy_rewards, load_prompts, names_verifier, prompt_scorer, reward_change
+from gptlab.align.rl.rm_reward import load_reward_model
+from gptlab.align.rl.rollout import rollout
+from gptlab.align.rl.scalar import ScalarModel
 from gptlab.model import GPT
 from gptlab.model.hf import load_pretrained_directory
 from gptlab.model.io import save_model, save_safetensors
@@ -268,7 +268,7 @@ def heldout_reward(trainer: PPOTrainer, model: GPT) -> float:
 def run_ppo(config: PPOConfig, *, runtime=None, log: Callable[[str], None] = print, resume: bool = True,
             force: bool = False) -> PPOResult:
     """Train with PPO, with held-out reward and task accuracy before and after (every rank calls this)."""
-    from gptlab.align.sft import chat_sampler
+    from gptlab.align.finetune.sft import chat_sampler
 
     trainer = PPOTrainer(config, runtime=runtime, log=log, resume=resume, force=force)
     if trainer.prompt_splits is not None:
@@ -304,7 +304,7 @@ def run_ppo(config: PPOConfig, *, runtime=None, log: Callable[[str], None] = pri
 def _run_with_prompts(trainer: PPOTrainer, log: Callable[[str], None]) -> PPOResult:
     """run_ppo with --prompts: the held-out measure is the mean reward of greedy replies to the held-out prompts,
     before and after, and its change with a paired 95% interval (no task accuracy: files hold no answers)."""
-    from gptlab.align.sft import chat_sampler
+    from gptlab.align.finetune.sft import chat_sampler
 
     config, held, is_main = trainer.config, trainer.heldout_prompts, trainer.runtime.is_main
     sampler = chat_sampler(trainer.pool[0].question, config.max_new_tokens)

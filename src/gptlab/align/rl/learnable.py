@@ -2,7 +2,7 @@
 
     start: 62 of 75 train prompts always right, 5 never, 8 in between; mean pass rate 0.91 (8 samples each)
 
-A group whose samples all get the same reward has advantage 0 and no gradient (gptlab.align.grpo_loss), so a
+A group whose samples all get the same reward has advantage 0 and no gradient (gptlab.align.rl.grpo_loss), so a
 prompt the start always (or never) answers right teaches it nothing. Before training, each distinct train
 prompt is sampled `probe_samples` times by the batched rollout engine and scored by the run's rewards ("right":
 reward > 0). prompt_filter="learnable" keeps the prompts whose samples' rewards differ (for a 0/1 verifier, a
@@ -13,8 +13,8 @@ train_examples), until that many are kept; fewer than one step's prompts is refu
 Exact: each request's sampler is seeded from (seed, PROBE_STREAM, prompt, sample), so what a prompt samples does
 not depend on batching or on how DDP ranks split the prompts (each probes a share; all gather every result).
 The kept pool is saved with each checkpoint (RolloutLoader's state): a resumed run trains on the same prompts
-without probing again. Not here: rollouts (gptlab.align.rollout), reward functions (gptlab.align.rewards),
-the loop (gptlab.align.grpo).
+without probing again. Not here: rollouts (gptlab.align.rl.rollout), reward functions (gptlab.align.rl.rewards),
+the loop (gptlab.align.rl.grpo).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gptlab.align.rollout import rollout
+from gptlab.align.rl.rollout import rollout
 from gptlab.chat import ChatFormat
 from gptlab.infer.generate import SamplingConfig
 from gptlab.model import GPT

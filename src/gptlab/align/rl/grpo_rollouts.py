@@ -1,16 +1,16 @@
 """GRPO's batches: each step's prompts drawn, sampled G times, scored by the rewards, and weighed for the loss.
 
     rollout   P prompts of the task's train split (each rank its share), each sampled G times by the
-              batched KV-cache engine (gptlab.align.rollout) from the current weights
-    reward    each completion scored: the task's verifier, and/or user functions (gptlab.align.rewards)
-    weigh     advantages and per-token weights (gptlab.align.grpo_loss), as tensors for the micro-batches
+              batched KV-cache engine (gptlab.align.rl.rollout) from the current weights
+    reward    each completion scored: the task's verifier, and/or user functions (gptlab.align.rl.rewards)
+    weigh     advantages and per-token weights (gptlab.align.rl.grpo_loss), as tensors for the micro-batches
 
 RolloutLoader is the GRPO Trainer's "loader": it makes a rollout on demand, serves it for `epochs` optimizer
 steps (a new shuffle each), and saves a rollout still being reused in the checkpoint, with the prompt pool the
-start's probe kept (gptlab.align.learnable) and how many rollouts had (nearly) nothing to learn. Resume is exact:
+start's probe kept (gptlab.align.rl.learnable) and how many rollouts had (nearly) nothing to learn. Resume is exact:
 prompts come in a seeded order and each request's sampler is seeded from (seed, rollout, prompt, sample). A few
 completions of each rollout go to OUT/completions.jsonl, as TRL's completion tables.
-Not here: the loss (gptlab.align.grpo_loss), the loop (gptlab.align.grpo), tasks and verifiers (gptlab.chat.tasks).
+Not here: the loss (gptlab.align.rl.grpo_loss), the loop (gptlab.align.rl.grpo), tasks and verifiers (gptlab.chat.tasks).
 """
 
 from __future__ import annotations
@@ -19,23 +19,19 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from gptlab.align.grpo_loss import GRPOConfig, group_advantages, token_weights
-from gptlab.align.learnable import FLAT
 from gptlab.align.logprobs import IGNORE, token_logprobs
-from gptlab.align.rewards import Rewards, example_columns
-from gptlab.align.rollout import pad_rows, rollout
+from gptlab.align.rl.grpo_loss import GRPOConfig, group_advantages, token_weights
+from gptlab.align.rl.learnable import FLAT
+from gptlab.align.rl.rewards import Rewards, example_columns
+from gptlab.align.rl.rollout import pad_rows, rollout
 from gptlab.chat.data import load_task, parse_mixture
 from gptlab.infer.generate import SamplingConfig
 from gptlab.model import GPT
 from gptlab.runtime import GptlabError
-
-if TYPE_CHECKING:  # for annotations only: the trainer module imports this one
-    from gptlab.align.grpo import GRPOTrainer
 
 SHOWN_COMPLETIONS = 2  # completions per rollout written to completions.jsonl
 
@@ -46,9 +42,10 @@ class RolloutLoader:
     A rollout serves `epochs` steps (a new shuffle of its completions each), then the next is made.
     Rank r takes prompts r, r + world, ... of each rollout's P. `stats` describes the latest rollout;
     `flat` counts the rollouts whose groups, all ranks together, were at least FLAT without reward spread.
+    `trainer` is the GRPOTrainer it serves (gptlab.align.rl.grpo, which imports this module: never the reverse).
     """
 
-    def __init__(self, trainer: GRPOTrainer) -> None:
+    def __init__(self, trainer) -> None:
         self.trainer, self.config = trainer, trainer.config
         self.rank, self.world = trainer.runtime.rank, trainer.runtime.world_size
         self.rollout, self.served, self.buffer, self.flat = 0, 0, None, 0
@@ -240,7 +237,7 @@ def make_scorer(spec: str, task) -> Callable[[list, list[str]], tuple[list[float
     """(examples, completions) -> (a reward each, each reward function's mean) for the --reward spec.
 
     The functions are loaded now, so a bad spec is refused before any compute; they are called
-    TRL-style (gptlab.align.rewards) with the questions as prompts and the examples' columns.
+    TRL-style (gptlab.align.rl.rewards) with the questions as prompts and the examples' columns.
     """
     rewards = Rewards.from_spec(spec, task=task)
 

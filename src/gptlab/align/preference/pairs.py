@@ -28,7 +28,7 @@ Batches are (x, y, {"pair_index": (B,)}) with x, y (2B, T): rows 0..B-1 the chos
 the rejected ones of the same pairs, right-padded (y = -100) to the longest row of the batch.
 pair_index numbers a split's pairs in source order, which is what reference log-probs are stored by.
 
-Not here: the loss and the loop (gptlab.align.dpo), the chat format (gptlab.chat.format).
+Not here: the loss and the loop (gptlab.align.preference.dpo), the chat format (gptlab.chat.format).
 """
 
 from __future__ import annotations

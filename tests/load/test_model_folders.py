@@ -1,9 +1,9 @@
-"""Finding the model a user names and the tokenizer that goes with it (gptlab.align.model_folders)."""
+"""Finding the model a user names and the tokenizer that goes with it (gptlab.load.model_folders)."""
 
 import pytest
 import torch
 
-from gptlab.align.model_folders import find_model, load_model, load_model_tokenizer
+from gptlab.load.model_folders import find_model, load_model, load_model_tokenizer
 from gptlab.model import GPT, preset
 from gptlab.model.io import save_model
 from gptlab.runtime import GptlabError

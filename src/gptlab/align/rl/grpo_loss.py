@@ -22,7 +22,7 @@ For P prompts each sampled G times, with rewards r (P, G):
 Each completion token's weight (token_weights) carries the loss's normalisation over the whole step, all
 micro-batches and ranks together, so a micro-batch's loss is a plain weighted sum and accumulation changes nothing.
 The pieces here are pure functions of tensors, tested against hand computations.
-Not here: sampling and scoring rollouts (gptlab.align.grpo_rollouts), the loop (gptlab.align.grpo).
+Not here: sampling and scoring rollouts (gptlab.align.rl.grpo_rollouts), the loop (gptlab.align.rl.grpo).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gptlab.align.learnable import FILTERS
 from gptlab.align.logprobs import IGNORE
+from gptlab.align.rl.learnable import FILTERS
 from gptlab.runtime import GptlabError
 from gptlab.train.config import TrainConfig
 from gptlab.train.optim import OptimizerConfig
@@ -49,7 +49,7 @@ class GRPOConfig(TrainConfig):
 
     init_from: str = ""  # the chat model to improve: a run, checkpoint or model folder (--init)
     task: str = "arithmetic[digits=1]"  # prompts and verifier: a built-in task NAME[options] (gptlab.chat.tasks)
-    reward: str = "verifier"  # reward functions, summed (gptlab.align.rewards): verifier, file.py:fn, module:fn*0.5
+    reward: str = "verifier"  # reward functions, summed (gptlab.align.rl.rewards): verifier, file.py:fn, module:fn*0.5
     prompts_per_step: int = 16  # P: prompts per optimizer step, all ranks together
     group_size: int = 8  # G: samples per prompt; the advantage compares them with each other
     max_new_tokens: int = 32  # longest completion; longer ones are cut (and usually fail the verifier)

@@ -16,11 +16,10 @@ Its tokenizer is the one named explicitly (--tokenizer) when given, else the one
 (`CHECKPOINT/tokenizer/`, or the tokenizer files of a Hugging Face folder), else GPT-2's for a Hugging Face GPT-2.
 A --tokenizer other than the one saved with the model (by fingerprint) is refused: it would give the model other ids.
 
-Why here, in align: a run folder is read through train's checkpoint layout (gptlab.train.checkpoint.find_checkpoint),
-a Hugging Face folder through gptlab.model.hf, and the tokenizer beside either through gptlab.data.match. align is,
-with scaling, the stage the layering lets see all three, and the first that needs them (--init names a model this way too:
-gptlab.align.start). model may not import tokenizers, and export, serve and eval may not import train, so those
-stages take the loaded model and tokenizer as arguments, and their commands load them here.
+Why here, in its own stage: a run folder is read through the checkpoint layout (gptlab.load.checkpoints), a Hugging
+Face folder through gptlab.model.hf, and the tokenizer beside either through gptlab.data.match. model may not import
+tokenizers, so the loader sits one stage above model and below every stage that starts from a model (eval, train,
+align, export, serve and their commands), none of which then depends on another to load one.
 """
 
 from __future__ import annotations
@@ -29,10 +28,10 @@ import json
 from pathlib import Path
 
 from gptlab.data.match import find_model_tokenizer, load_tokenizer
+from gptlab.load.checkpoints import find_checkpoint
 from gptlab.model import GPT
 from gptlab.model.hf import load_pretrained_directory, pretrained_path
 from gptlab.runtime import GptlabError
-from gptlab.train.checkpoint import find_checkpoint
 
 GPT2_VOCAB_SIZE = 50257
 

@@ -22,7 +22,7 @@ replies, so a score near 0 is an ordinary reply and the units are comparable bet
 checkpoint (RUN/checkpoints/step_N: the ScalarModel's weights, trunk.* and head.*, and the run's config) scores too,
 with m = 0, s = 1: it was saved before the normalisation was measured.
 
-Not here: training (gptlab.align.rm), the ScalarModel itself (gptlab.align.scalar).
+Not here: training (gptlab.align.rl.rm), the ScalarModel itself (gptlab.align.rl.scalar).
 """
 
 from __future__ import annotations
@@ -35,14 +35,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gptlab.align.scalar import ScalarModel, last_scores
+from gptlab.align.rl.scalar import ScalarModel, last_scores
 from gptlab.chat import ChatFormat
 from gptlab.data.match import find_model_tokenizer
+from gptlab.load.checkpoints import find_checkpoint
 from gptlab.model import GPT
 from gptlab.model.hf import load_pretrained_directory
 from gptlab.model.io import config_from_dict, save_model, save_safetensors
 from gptlab.runtime import GptlabError, atomic_write_text
-from gptlab.train.checkpoint import STATE_NAME, WEIGHTS_NAME, find_checkpoint, load_checkpoint, read_checkpoint_state
+from gptlab.train.checkpoint import STATE_NAME, WEIGHTS_NAME, load_checkpoint, read_checkpoint_state
 
 FORMAT = "gptlab-reward-model"
 VERSION = 1
@@ -117,7 +118,7 @@ class RewardScorer:
 def score_pairs(scorer: RewardScorer, spec: str, *, on_error: str = "skip") -> dict[str, float]:
     """How the reward model ranks the pairs a spec names (all of them: as `gptlab dpo --data` reads, none held out):
     pairs, accuracy (the share whose chosen reply scores higher) with its 95% Wilson interval, and the mean margin."""
-    from gptlab.align.pairs import load_pairs
+    from gptlab.align.preference.pairs import load_pairs
     from gptlab.chat.data import MixtureConfig
     from gptlab.eval.stats import wilson_interval
 
@@ -215,7 +216,7 @@ def _load_checkpoint(checkpoint: Path, device) -> RewardScorer:
 def reward_model_reward(path: str, device: str | torch.device | None = None):
     """The RewardFn of the spec term `rm:DIR`: loads the reward model once (here, so a wrong DIR fails before any
     training), then scores each batch. Device: this process's CUDA device when there is one, else the CPU."""
-    from gptlab.align.rewards import completion_text
+    from gptlab.align.rl.rewards import completion_text
 
     if device is None:
         device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"

@@ -29,14 +29,14 @@ A reward spec, as the CLI takes it, is comma-separated terms, each `REWARD` or `
     verifier,my_rewards.py:brevity*0        brevity logged, but not trained on
 
     verifier,rm:runs/rm*0.5                 a trained reward model (gptlab rm) scores each reply
-    judge:http://localhost:8000/v1          an LM judge grades each reply (gptlab.align.judge_reward)
+    judge:http://localhost:8000/v1          an LM judge grades each reply (gptlab.align.rl.judge_reward)
 
 REWARD is `verifier`, `rm:DIR`, `judge:URL`, `path/to/file.py:function` (loaded from the file, nothing installed;
 a path ends in .py) or `package.module:function` (imported). The total reward of a
 completion is the sum of weight × value over the terms. Paths with a comma or `*` in
 them cannot be written in a spec; build `Rewards` in Python for those.
 
-Not here: sampling completions and the GRPO loss (gptlab.align.grpo); the tasks and
+Not here: sampling completions and the GRPO loss (gptlab.align.rl.grpo); the tasks and
 their verifiers (gptlab.chat.tasks).
 """
 
@@ -249,7 +249,7 @@ def parse_rewards(spec: str, *, task: Task | None = None) -> list[Reward]:
 
 
 # prefixed terms: "rm:DIR" a trained reward model, "judge:URL" an LM judge; the module and factory that build each
-REWARD_KINDS = {"rm": ("gptlab.align.rm_reward", "reward_model_reward"), "judge": ("gptlab.align.judge_reward", "judge_reward")}
+REWARD_KINDS = {"rm": ("gptlab.align.rl.rm_reward", "reward_model_reward"), "judge": ("gptlab.align.rl.judge_reward", "judge_reward")}
 
 
 def _load_kind(kind: str, where: str) -> RewardFn:
@@ -282,7 +282,7 @@ def _check_signature(reward: Reward, columns: dict) -> None:
         if missing:
             raise GptlabError(
                 f"reward {reward.name!r} reads the column {missing[0]!r}, which was not passed (columns: {', '.join(columns) or 'none'}); "
-                "gptlab.align.rewards.example_columns(examples) makes example, question and answer"
+                "gptlab.align.rl.rewards.example_columns(examples) makes example, question and answer"
             ) from None
         raise GptlabError(
             f"reward {reward.name!r} cannot be called with prompts, completions and the columns {', '.join(columns) or '(none)'} "

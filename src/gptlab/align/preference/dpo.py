@@ -30,7 +30,7 @@ train pairs (TRAIN_SAMPLE), with a note when the start already separates them (S
 accuracy then has little room to rise, and DPO mostly widens the margins); and, for task: data, task
 accuracy by greedy generation (gptlab.eval.chat), also every task_every steps.
 
-Not here: reading and batching pairs (gptlab.align.pairs), the loop (gptlab.train.trainer).
+Not here: reading and batching pairs (gptlab.align.preference.pairs), the loop (gptlab.train.trainer).
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from gptlab.align.finetune.sft import chat_sampler, mixture_tasks
 from gptlab.align.logprobs import token_logprobs
-from gptlab.align.pairs import IGNORE, PairLoader, PairLoaderConfig, load_pairs, pair_rows, render_pairs
-from gptlab.align.sft import chat_sampler, mixture_tasks
+from gptlab.align.preference.pairs import IGNORE, PairLoader, PairLoaderConfig, load_pairs, pair_rows, render_pairs
 from gptlab.align.start import refuse_fsdp, resolve_start
 from gptlab.chat.data import MixtureConfig
 from gptlab.model import GPT
@@ -94,7 +94,7 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_cho
 class DPOConfig(TrainConfig):
     """TrainConfig's fields (data is a mixture of pairs, init_from the model to align), and these."""
 
-    data: str = ""  # preference pairs: .jsonl files, hf:DATASET and task:NAME parts (gptlab.align.pairs)
+    data: str = ""  # preference pairs: .jsonl files, hf:DATASET and task:NAME parts (gptlab.align.preference.pairs)
     init_from: str = ""  # the model to align, usually an SFT run (--init); also the reference model
     tokenizer: str = ""  # the model's tokenizer, when it has none saved with it
     beta: float = 0.1  # how far from the reference the policy may move: larger keeps it closer

@@ -3,7 +3,7 @@
 Measured before training, every task_every steps, and after, on the same questions; the change is given
 with 95% paired t intervals over questions, and accuracy alone with its Wilson interval. Under DDP each
 rank answers its share of the questions and every rank gets the whole lists.
-Not here: grading an answer (gptlab.eval.chat, the task's verifier), the loop that calls these (gptlab.align.grpo).
+Not here: grading an answer (gptlab.eval.chat, the task's verifier), the loop that calls these (gptlab.align.rl.grpo).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gptlab.align.grpo_loss import GRPOConfig
-from gptlab.align.rollout import rollout
+from gptlab.align.rl.grpo_loss import GRPOConfig
+from gptlab.align.rl.rollout import rollout
 from gptlab.chat import ChatFormat
 from gptlab.infer.generate import SamplingConfig
 from gptlab.model import GPT

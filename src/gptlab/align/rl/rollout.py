@@ -9,7 +9,7 @@ once, so every decode step runs the whole batch together and a finished row's
 slot is refilled at once by a waiting one (gptlab.infer.engine). Each request
 draws from its own generator, seeded from (seed, prompt, sample): the tokens do
 not depend on how the batch is scheduled, so a resumed run samples what an
-uninterrupted one would. Not here: rewards and losses (gptlab.align.grpo).
+uninterrupted one would. Not here: rewards and losses (gptlab.align.rl.grpo).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Named in a mixture spec as sft's and dpo's --data (gptlab.chat.data: comma-separ
                        {"messages": [a conversation]}                       up to and including its last user message
                        {"chosen": [conversation], "rejected": [conversation]}
                                                                             a preference pair without a prompt: the messages
-                                                                            both share (gptlab.align.pairs.parse_pair)
+                                                                            both share (gptlab.align.preference.pairs.parse_pair)
     hf:NAME, hf:/dir   a dataset with those columns, e.g. UltraFeedback binarized's `prompt` (splits train_prefs,
                        test_prefs); [column=NAME] reads the prompt (text or messages) from another column
     task:NAME[n=N]     a built-in task's questions; the task's example rides along (the verifier, the `answer` column)
@@ -20,7 +20,7 @@ Malformed rows are named by file:line or dataset row and skipped (counted, repor
 
 The rewards of replies to them (prompt_scorer: TRL's call, the prompt as text or messages) and the held-out measure
 (greedy_rewards before and after, reward_change: the paired interval) are here too.
-Not here: the trainer that samples them (gptlab.align.ppo), the reward functions (gptlab.align.rewards).
+Not here: the trainer that samples them (gptlab.align.rl.ppo), the reward functions (gptlab.align.rl.rewards).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gptlab.align.pairs import parse_pair, read_rows
-from gptlab.align.rewards import VERIFIER, Rewards
-from gptlab.align.rollout import rollout
+from gptlab.align.preference.pairs import parse_pair, read_rows
+from gptlab.align.rl.rewards import VERIFIER, Rewards
+from gptlab.align.rl.rollout import rollout
 from gptlab.chat import ChatFormat
 from gptlab.chat.data import (
     ON_ERROR,
@@ -214,7 +214,7 @@ def _refuse_empty(spec: str, prompts: list[Prompt], reports: list[SourceReport])
 
 
 def names_verifier(spec: str) -> bool:
-    """Whether a reward spec has a `verifier` term (gptlab.align.rewards), e.g. "verifier*2,my.py:brevity" -> True."""
+    """Whether a reward spec has a `verifier` term (gptlab.align.rl.rewards), e.g. "verifier*2,my.py:brevity" -> True."""
     return any(term.partition("*")[0].strip() == VERIFIER for term in spec.split(","))
 
 
