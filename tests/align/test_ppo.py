@@ -161,7 +161,10 @@ def test_two_gloo_ranks_train_as_one_process(chat_model, tmp_path, align_two_ran
     for file in ("model.safetensors", "value/model.safetensors", "value/score_head.safetensors"):
         ours, theirs = load_file(ddp / file), load_file(single / file)
         for name in theirs:
-            torch.testing.assert_close(ours[name], theirs[name], rtol=1e-4, atol=1e-5)
+            # AdamW divides each gradient by its own running size, so the ranks' other summation order moves a weight
+            # whose gradient is near zero by up to ~1.3e-5 (measured on an Intel Xeon, where torch's CPU kernels take
+            # other paths than on an AMD EPYC); a wrong split of the batch moves every weight by about the lr, 1e-2
+            torch.testing.assert_close(ours[name], theirs[name], rtol=1e-4, atol=1e-4)
     assert any(not torch.equal(load_file(single / "model.safetensors")[name], start[name]) for name in start)  # it trained
 
 

@@ -18,6 +18,7 @@ def test_require_returns_the_module_when_it_is_installed():
 
 def test_require_names_the_package_the_extra_and_its_make_target_when_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # as if not installed: `import lm_eval` raises ModuleNotFoundError
+    monkeypatch.delitem(sys.modules, "lm_eval.tasks", raising=False)  # imported by an earlier test: found again through lm_eval
     with pytest.raises(GptlabError) as raised:
         require("lm_eval.tasks", extra="harness", purpose="--harness")
     assert str(raised.value) == ("--harness needs the lm-eval package, from gptlab's 'harness' extra: "
