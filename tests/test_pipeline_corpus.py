@@ -60,6 +60,7 @@ def val_ids(out: Path) -> list[int]:
     return [int(i) for path, _ in split_shards(out / "data", "val") for i in open_shard(path)[1]]
 
 
+@pytest.mark.xdist_group("own_run")  # one worker builds the run both tests read
 def test_a_folder_of_own_files_runs_every_stage_into_runs_name(own_run):
     root, files, log = own_run
     out = root / "runs" / "fieldnotes"
@@ -92,6 +93,7 @@ def test_a_folder_of_own_files_runs_every_stage_into_runs_name(own_run):
     assert (out / "sft" / "eval-tasks" / "eval.json").is_file()
 
 
+@pytest.mark.xdist_group("own_run")  # one worker builds the run both tests read
 def test_the_same_command_resumes_and_another_corpus_is_refused_there(own_run, capsys):
     root, files, _ = own_run
     with pytest.MonkeyPatch.context() as patch:
