@@ -88,6 +88,7 @@ def test_a_folder_of_own_files_runs_every_stage_into_runs_name(own_run):
     for stage in ("[6/10] evaluate", "val bits per byte", "[7/10] sample", "[8/10] fine-tune", "[9/10] chat", "[10/10] report cards"):
         assert stage in log
     assert log.split("[7/10] sample")[1].splitlines()[1].startswith(prompt)
+    assert "held-out works" not in log and "the 1 held-out documents are the val split" in log  # not Shakespeare's works
     base = json.loads((out / "train" / "eval-heldout" / "eval.json").read_text())
     assert [row["task"] for row in base["rows"]] == ["next_line", "last_word"]  # cut from the held-out file
     assert (out / "sft" / "eval-tasks" / "eval.json").is_file()

@@ -162,7 +162,7 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
     if trained.losses:
         log(f"      {trained.status} in {trained.seconds:.0f} s, final train loss {trained.final_loss:.3f} -> {trained.checkpoint}")
 
-    log(f"[6/{STAGES}] evaluate: the whole val split (the held-out works)")
+    log(f"[6/{STAGES}] evaluate: the whole val split (the held-out {corpus.kind})")
     model = load_model(trained.checkpoint, device=runtime.device)
     val = evaluate_split(model, trainer.config)  # its micro_batch resolved (0: auto)
     log(f"      val loss {val['loss']:.4f} nats/token, val bits per byte {val['bpb']:.4f} ({val['tokens']:,} tokens)")
@@ -278,7 +278,7 @@ def card_stage(config: RunConfig, corpus: RunCorpus, model, tokenizer: Tokenizer
     from gptlab.chat import ChatFormat
     from gptlab.data.match import find_model_tokenizer
     from gptlab.eval.chat import evaluate_task as evaluate_chat_task
-    log(f"[10/{STAGES}] report cards: the base model on the held-out works, the chat model on held-out questions")
+    log(f"[10/{STAGES}] report cards: the base model on the held-out {corpus.kind}, the chat model on held-out questions")
     rows = held_out_rows(model, tokenizer, corpus.held_out, config.card_examples, log)
     base = Card(str(Path(config.out) / "train"), rows, settings={"suite": "held-out", "examples": config.card_examples})
     if rows:
@@ -395,7 +395,7 @@ def held_out_stage(tokenizer: Tokenizer, texts: list[str], log, color: bool):
 
 def data_stage(config: RunConfig, tokenizer: Tokenizer, corpus: RunCorpus, out: Path, log) -> Path:
     """Shards of the training works (shuffled) and, as the val split, exactly the held-out works."""
-    log(f"[4/{STAGES}] data: the training works into shuffled shards; the {len(corpus.held_out)} held-out works are the val split")
+    log(f"[4/{STAGES}] data: the training {corpus.kind} into shuffled shards; the {len(corpus.held_out)} held-out {corpus.kind} are the val split")
     data_dir = out / "data"
     prepare_config = PrepareConfig(val=0, shard_tokens=config.data.shard_tokens, seed=config.data.seed, progress=False)
     train, val = corpus.sources()

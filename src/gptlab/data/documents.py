@@ -66,6 +66,11 @@ class RunCorpus:
     def builtin(self) -> bool:
         return bool(self.train_files)
 
+    @property
+    def kind(self) -> str:
+        """What the log calls its documents: the built-in corpus's are works (plays and poems)."""
+        return "works" if self.builtin else "documents"
+
     def sources(self) -> tuple:
         """(train, val) for prepare_shards: the built-in corpus's files, or the documents in memory."""
         if self.builtin:
