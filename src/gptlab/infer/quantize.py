@@ -16,7 +16,8 @@ int4 model 120 MB, sharing makes it 96 MB (int8: 128 MB), for a slower head (int
 token on 1 thread). An untied output layer follows the scheme. Learned position tables stay as they are (small).
 int4 groups run along a layer's inputs; where group_size does not divide them (a width of 48 and groups of 32),
 the weight gets zero columns and each input zeros up to the next multiple: those columns meet only zeros and add
-nothing to the output (the last group's range spans the zeros too), for a few more multiply-adds. Mixture-of-experts expert stacks (gptlab.model.moe) and their routers stay in full precision: the swap skips
+nothing to the output (the last group's range spans the zeros too), for a few more multiply-adds.
+Mixture-of-experts expert stacks (gptlab.model.moe) and their routers stay in full precision: the swap skips
 everything inside a MoE layer and refuses nothing.
 
 The readable reference is `quantize_int8` / `quantize_int4` and `dequantize_int8` / `dequantize_int4` below, and
