@@ -1,4 +1,4 @@
-"""`gptlab runs report` and `gptlab runs compare`: what they write, and the one-line refusals."""
+"""`gptlab runs report` and `gptlab runs compare` (of runs, and of groups over seeds): what they write, and the one-line refusals."""
 
 import shutil
 
@@ -6,6 +6,8 @@ import pytest
 
 from gptlab.cli.main import main
 from gptlab.runs.report import REPORT_FILE
+
+from .seeds import fake_group
 
 
 def error_line(capsys) -> str:
@@ -72,3 +74,40 @@ def test_runs_compare_rejects_an_unknown_axis_as_usage(two_runs, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["runs", "compare", str(two_runs["short"][0]), "--x", "epochs"])
     assert exit_.value.code == 2 and "invalid choice: 'epochs'" in capsys.readouterr().err
+
+
+def test_runs_compare_groups_prints_each_groups_spread_and_the_difference_and_draws_every_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    fake_group(tmp_path / "runs", "base", [2.50, 2.52, 2.49])
+    fake_group(tmp_path / "runs", "new", [2.45, 2.47])
+    assert main(["runs", "compare", "--group", "base=runs/base-seed*", "--group", "new=runs/new-*", "--out", "seeds.png"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[0] == "warning: group new has 2 runs: fewer than 3 seeds, intervals and p-values are unreliable"
+    assert lines[3].split() == ["metric", "base", "(n=3)", "new", "(n=2)"]
+    assert lines[4].split() == ["val", "bpb", "2.5033", "±", "0.0153", "2.4600", "±", "0.0141"]
+    assert "new - base: difference of means, 95% interval and two-sided p of Welch's t-test" in out
+    assert out.rstrip().endswith("curves against step -> seeds.png") and err == ""
+    (tmp_path / "mine.png").write_bytes(b"\x89PNG\r\n\x1a\nmine")
+    assert main(["runs", "compare", "--group", "base=runs/base-seed*", "--out", "mine.png"]) == 1
+    assert "mine.png exists and was not made by `gptlab runs compare`; pass --force" in error_line(capsys)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--group", "base"], "--group 'base' is not NAME=PATTERN; pass e.g. --group base='runs/base-seed*'"),
+    (["--group", "base={tmp}/runs/base-*", "--group", "base={tmp}/runs/new-*"], "--group base is given twice"),
+    (["--group", "base={tmp}/runs/old-*"], "--group base={tmp}/runs/old-* matches nothing"),
+    (["--group", "base={tmp}/runs/*"], "{tmp}/runs/empty has no metrics.jsonl, so it is not a training run"),
+    (["--group", "all={tmp}/runs/*-seed*", "--group", "base={tmp}/runs/base-*"],
+     "{tmp}/runs/base-seed1337 is in both group all and group base; a run belongs to one group"),
+    (["{tmp}/runs/new-seed1337", "--group", "base={tmp}/runs/base-*"], "pass run folders or --group NAME=PATTERN, not both"),
+    ([], "no runs to compare: pass one or more run folders, or --group NAME=PATTERN"),
+])
+def test_runs_compare_groups_refuse_bad_input_in_one_line(tmp_path, capsys, args, message):
+    fake_group(tmp_path / "runs", "base", [2.50, 2.52, 2.49])
+    fake_group(tmp_path / "runs", "new", [2.45])
+    (tmp_path / "runs" / "empty").mkdir()
+    out = tmp_path / "seeds.png"
+    assert main(["runs", "compare", *(arg.format(tmp=tmp_path) for arg in args), "--out", str(out)]) == 1
+    assert message.format(tmp=tmp_path) in error_line(capsys)
+    assert not out.exists()

@@ -140,19 +140,29 @@ def comparison_figure(runs: list[RunRecord], x: str):
     return figure
 
 
+def check_request(out_png: str | os.PathLike | None, x: str, force: bool) -> None:
+    """The x axis is known and the PNG may be written: checked before any run is read."""
+    if x not in AXES:
+        raise GptlabError(f"unknown x axis {x!r}; use one of {', '.join(AXES)}")
+    if out_png is not None:
+        check_out_png(Path(out_png), force)
+
+
+def write_curves(runs: list[RunRecord], out_png: str | os.PathLike, x: str) -> None:
+    """Every run's curves against `x` in `out_png`, each labelled by its name."""
+    for run in runs:
+        run.check_axis(x)  # a run without this axis (FLOPs without a config) is refused before anything is drawn
+    atomic_write_bytes(out_png, plot_comparison(runs, x))
+
+
 def compare_runs(run_dirs: list[str | os.PathLike], out_png: str | os.PathLike | None = None, x: str = "step",
                  *, force: bool = False) -> str:
     """The table of the runs' final figures; with `out_png`, also their curves against `x` in that PNG."""
-    if x not in AXES:
-        raise GptlabError(f"unknown x axis {x!r}; use one of {', '.join(AXES)}")
+    check_request(out_png, x, force)
     if not run_dirs:
-        raise GptlabError("no runs to compare: pass one or more run folders")
-    if out_png is not None:
-        check_out_png(Path(out_png), force)
+        raise GptlabError("no runs to compare: pass one or more run folders, or --group NAME=PATTERN")
     runs = [load_run(path, name=str(path)) for path in run_dirs]
     if out_png is not None:
-        for run in runs:
-            run.check_axis(x)  # a run without this axis (FLOPs without a config) is refused before anything is drawn
-        atomic_write_bytes(out_png, plot_comparison(runs, x))
+        write_curves(runs, out_png, x)
     cards = card_rows(runs)
     return text_table(*summary_rows(runs)) + (f"\n\nreport cards (score and 95% interval):\n{text_table(*cards)}" if cards else "")
