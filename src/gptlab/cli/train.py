@@ -1,5 +1,7 @@
 """`gptlab train`: a preset, then dotted overrides (--data DIR --model.n-layer 6 --optimizer.lr 1e-3).
 
+With --seeds N it trains N such runs, seeds S..S+N-1, into OUT-seedS each (gptlab.train.seeds).
+
 Under torchrun every rank runs this same command:
     torchrun --nproc_per_node=8 -m gptlab train --preset gpt2-124m-fineweb --data data/edu10B --out runs/gpt2
 
@@ -42,6 +44,9 @@ def register(stages) -> None:
     parser.add_argument("--extend", action="store_true",
                         help="train the run in --out on to a larger --max-steps (a finished run too), from its last checkpoint; "
                         "the learning rate then follows the longer run's schedule from that step (a decayed cosine rises again)")
+    parser.add_argument("--seeds", type=int, metavar="N",
+                        help="train N runs, seeds S..S+N-1 (S: --seed), into OUT-seedS each, then print their mean ± std "
+                        "over seeds (compare two recipes with `gptlab runs compare --group NAME='OUT-seed*' ...`)")
     parser.set_defaults(handler=run, accepts_overrides=True)
 
 
@@ -132,14 +137,29 @@ def run(args: argparse.Namespace) -> int:
         print(f"from the fit {args.from_fit}: depth {args.depth} trains {tokens:,} tokens in {config.max_steps:,} steps, "
               f"AdamW lr {config.optimizer.lr:.3g}")
     runtime = init_runtime(config.device)
+
+    def build(one) -> Trainer:
+        return Trainer(one, runtime=runtime, sample_fn=text_sampler(one.sample_tokens), task_fn=hellaswag_fn(one),
+                       resume=not args.no_resume, force=args.force, extend=args.extend)
+
     try:
-        trainer = Trainer(
-            config, runtime=runtime, sample_fn=text_sampler(config.sample_tokens),
-            task_fn=hellaswag_fn(config), resume=not args.no_resume, force=args.force, extend=args.extend,
-        )
-        result = trainer.fit()
+        if args.seeds is not None:
+            return train_over_seeds(config, args.seeds, build, runtime)
+        result = build(config).fit()
         if runtime.is_main:
-            print(f"{result.status} after {result.steps} steps in {result.seconds:.0f} s; checkpoint {result.checkpoint}")
+            print(result.line())
     finally:
         shutdown_runtime(runtime)
     return 0 if result.status != "interrupted" else 130
+
+
+def train_over_seeds(config, seeds: int, build, runtime) -> int:
+    """--seeds N: the runs in turn, then their summary (not after a Ctrl-C, which leaves seeds untrained)."""
+    from gptlab.train.seeds import seeds_summary, train_seeds
+
+    runs = train_seeds(config, seeds, build, runtime=runtime)
+    if runs.stopped:
+        return 130
+    if runtime.is_main:
+        print(seeds_summary(runs))
+    return 0

@@ -117,7 +117,7 @@ class PrepareMixin:
         config = self.config
         resume_from = None
         if self.runtime.is_main:
-            out = Path(config.out) if config.out else _new_run_folder()
+            out = Path(config.out) if config.out else new_run_folder()
             if not config.out:
                 self.print(f"no --out given: training into {out} (pass --out {out} to resume this run)")
             if self.extend:
@@ -210,11 +210,12 @@ class PrepareMixin:
                            precision=self.precision)
 
 
-def _new_run_folder(root: str = "runs") -> Path:
-    """runs/train-20261123-201500 (with -2, -3, ... if that exists): a training run's own folder."""
+def new_run_folder(root: str = "runs", suffixes: tuple[str, ...] = ("",)) -> Path:
+    """runs/train-20261123-201500 (with -2, -3, ... if that exists): a training run's own folder. With `suffixes`
+    (-seed1337, ...): a name none of whose suffixed folders exists, for runs that share it."""
     base = Path(root) / time.strftime("train-%Y%m%d-%H%M%S")
     path, n = base, 1
-    while path.exists():
+    while any(path.with_name(path.name + suffix).exists() for suffix in suffixes):
         n += 1
         path = base.with_name(f"{base.name}-{n}")
     return path

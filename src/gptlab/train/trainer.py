@@ -81,6 +81,10 @@ class TrainResult:
     status: str  # "finished", "time limit", "interrupted", "already finished"
     losses: list[float]
 
+    def line(self) -> str:
+        """"finished after 600 steps in 51 s; checkpoint runs/a/checkpoints/step_000600": how the run ended."""
+        return f"{self.status} after {self.steps} steps in {self.seconds:.0f} s; checkpoint {self.checkpoint}"
+
 
 class Trainer(PrepareMixin, ResumeMixin, MicroBatchMixin, HooksMixin):
     """The loop (module docstring); set-up, resume, the micro-batch and the reports come from the mixins."""
