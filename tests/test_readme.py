@@ -108,6 +108,8 @@ SP_TRAIN = "gptlab tokenizer train --style sentencepiece --corpus shakespeare --
 DRAFT = "gptlab train --data runs/shakespeare/data --tokenizer runs/shakespeare/tokenizer --model.n-layer 1 --out runs/draft"
 LLAMA_RUN = "gptlab run --train.model.arch llama --train.model.activation swiglu --train.model.bias false --out runs/llama"
 GGUF = "gptlab export gguf runs/llama/sft runs/llama-chat.gguf --type q8_0 --modelfile"
+SEEDS_BASE = "gptlab train --data runs/shakespeare/data --out runs/base --seeds 3"
+SEEDS_MUON = "gptlab train --data runs/shakespeare/data --out runs/muon --seeds 3 --optimizer.kind muon"
 VIEWER = Scale(serve=True, probe="/tokenizer/api/tokenizers")
 
 RUNS: dict[str, Scale] = {
@@ -163,6 +165,9 @@ RUNS: dict[str, Scale] = {
     "gptlab train --data runs/shakespeare/data --tokenizer runs/shakespeare/tokenizer --out runs/mine": Scale(extra=TRAIN_SMALL),
     "gptlab train --data runs/shakespeare/data --model.n-layer 6": Scale(extra=TRAIN_SMALL),
     "gptlab train --data runs/shakespeare/data --seq-len 256 --out runs/long": Scale(extra=(*TRAIN_SMALL, "--micro-batch", "4")),
+    SEEDS_BASE: Scale(extra=TRAIN_SMALL),
+    SEEDS_MUON: Scale(extra=TRAIN_SMALL),
+    "gptlab runs compare --group base='runs/base-seed*' --group muon='runs/muon-seed*'": Scale(needs=(SEEDS_BASE, SEEDS_MUON)),
     # stage 5
     "gptlab eval --checkpoint runs/shakespeare --data runs/shakespeare/data": Scale(extra=("--seq-len", "64")),
     "gptlab eval --checkpoint runs/shakespeare/best --task hellaswag": Scale(  # the official file is a download: a stand-in

@@ -1,13 +1,15 @@
 """Groups of runs compared over seeds: each group's mean and spread, and each group against the first.
 
-    groups = parse_groups(["base=runs/base-seed*", "new=runs/new-seed*"])   # {"base": [Path(...), ...], ...}
+    groups = parse_groups(["base=runs/base-seed*", "muon=runs/muon-seed*"])   # {"base": [Path(...), ...], ...}
     print(compare_groups(groups, out_png="seeds.png"))
 
-    metric          base (n=3)         new (n=3)
-    val bpb         2.5031 ± 0.0040    2.4712 ± 0.0051
+    mean ± sample std over each group's runs:
+    metric              base (n=3)       muon (n=3)
+    val bpb        2.4872 ± 0.0027  2.4835 ± 0.0053
     ...
-    new - base      difference  95% interval        p       df
-    val bpb         -0.0319     -0.0420 to -0.0218  0.0012  3.8
+    muon - base: difference of means, 95% interval and two-sided p of Welch's t-test
+    metric         difference        95% interval     p   df
+    val bpb           -0.0037  -0.0148 to +0.0073  0.36  2.9
 
 A change to a recipe counts when it beats the old one over seeds, not on one run: the figures are each
 run's final ones (gptlab.runs.record.RunRecord.summary), the mean with the sample standard deviation
