@@ -34,6 +34,17 @@ def test_train_seeds_one_run_goes_into_out_seed_s_of_the_presets_seed(prepared, 
     assert list_checkpoints(tmp_path / "one-seed1337") and "(n=1: no std)" in capsys.readouterr().out
 
 
+def test_train_seeds_without_out_names_a_new_run_folder_per_seed(prepared, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = tiny(prepared, tmp_path / "unused", "--max-steps", "1", "--eval-every", "0", "--seeds", "2")
+    i = args.index("--out")
+    assert main(args[:i] + args[i + 2:]) == 0
+    folders = sorted(path.name for path in (tmp_path / "runs").iterdir())
+    assert len(folders) == 2 and folders[0].startswith("train-") and [name[-9:] for name in folders] == ["-seed1337", "-seed1338"]
+    assert folders[1] == folders[0].replace("-seed1337", "-seed1338")
+    assert f"no --out given: training into runs/{folders[0]}..." in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("seeds", ["0", "-2"])
 def test_train_seeds_refuses_no_runs_in_one_line(prepared, tmp_path, capsys, seeds):
     assert main(tiny(prepared, tmp_path / "none", "--seeds", seeds)) == 1
