@@ -101,7 +101,7 @@ def expand_pattern(name: str, pattern: str) -> list[Path]:
     if glob.escape(pattern) != pattern:
         found = sorted(glob.glob(pattern), key=natural_key)
         if not found:
-            raise GptlabError(f"--group {name}={pattern} matches nothing; check the pattern (quote it: '{pattern}')")
+            raise GptlabError(f"--group {name}={pattern} matches nothing; check the folder names in the pattern")
         return [Path(path) for path in found]
     folder = Path(pattern)
     if folder.is_dir() and not (folder / METRICS_FILE).is_file():
