@@ -1,4 +1,4 @@
-"""`gptlab run`'s training recipe against nanoGPT's CPU recipe for Shakespeare, at equal wall-clock.
+"""The record tracks (gptlab.tracks) against nanoGPT's CPU recipe and against their previous record, at equal wall-clock.
 
 nanoGPT's README trains a character-level model on a CPU with
 `train.py config/train_shakespeare_char.py --device=cpu --compile=False --eval_iters=20 --log_interval=1
@@ -7,51 +7,57 @@ nanoGPT's README trains a character-level model on a CPU with
 configuration in our code: a byte-level "tokenizer" with no merges (one id per byte: Shakespeare is
 ASCII, so one id per character) and the same model, batch, schedule and steps.
 
-Both sides train on the same documents and are scored on the same held-out works (every tenth work,
-the ones `gptlab run` holds out: neither tokenizer nor model sees them), in bits per byte, so the
-different tokenizers compare fairly.
+Every side trains on the same documents and is scored on the same works in bits per byte, so different
+tokenizers compare fairly. --split test (records): the 38 training works, scored on the 4 held-out works
+(every tenth, the ones `gptlab run` holds out: no tokenizer or model sees them). --split validation
+(choosing settings): the training works less every tenth of them, scored on those; the held-out works are
+not touched.
 
-Budgets: the published recipe is 2,000 iterations, about 100 s here; a budget of B seconds gives the
-recipe 20 x B iterations (its cosine decays over all of them, as its README's --lr_decay_iters). Each seed
-runs the recipe first, then gptlab's default recipe (the `shakespeare-cpu` preset, time-budgeted: its
-schedule follows the share of `--time-limit` spent) with exactly the recipe's measured wall-clock. Seeds
-set the weights and the batches of both sides; the two sides alternate, so a busy moment of a shared machine
-falls on both. Printed per budget: every seed's bits per byte, mean +- standard deviation, the ratio of
-the means, and Welch's t-test (unequal variances) of gptlab's seeds against the recipe's.
+Sides, for a track of budget B seconds (20 x B recipe iterations; the published 2,000 take about 100 s):
+- recipe: nanoGPT's recipe (left out with --no-recipe);
+- record 0, 1, ...: every record of the track up to its latest (or --record N); --latest-only: that one alone;
+- candidate: with --candidate FLAGS, the last record with those `gptlab run` flags on top.
+Each seed runs the recipe first, then every gptlab side with exactly the recipe's measured wall-clock as its
+time limit (B without the recipe). Seeds set the weights and batches; the sides alternate within a seed, so
+a busy moment of a shared machine falls on all. Printed per track: each seed's bits per byte, each side's
+mean +- standard deviation, ratios to the recipe, and Welch's t-test of each side against the one before it
+(a record against the record it improved on).
 
-    .venv/bin/python bench/shakespeare_cpu.py                          # 100 s and 600 s, 3 seeds each (about 75 minutes)
-    .venv/bin/python bench/shakespeare_cpu.py --budgets 100 --seeds 1  # a quick look (about 4 minutes)
+    .venv/bin/python bench/shakespeare_cpu.py --latest-only cpu-600s              # the records (about 85 minutes)
+    .venv/bin/python bench/shakespeare_cpu.py --tracks cpu-100s --seeds 1        # a quick look (about 8 minutes)
+    .venv/bin/python bench/shakespeare_cpu.py --tracks cpu-100s --split validation --no-recipe --latest-only \\
+        --candidate "--train.optimizer.lr 5e-3"                                  # trying a change
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from machine import header
-from scipy.stats import ttest_ind
 
 from gptlab.data.corpus import shakespeare_files
 from gptlab.data.prepare import PrepareConfig, prepare_shards
 from gptlab.model import preset
 from gptlab.model.io import load_model
-from gptlab.pipeline import RunConfig, evaluate_split
+from gptlab.pipeline import evaluate_split
+from gptlab.runs.groups import welch_difference
 from gptlab.tokenizer import Tokenizer
+from gptlab.tracks import get_track, selection_split
 from gptlab.train import Trainer, train_preset
 from gptlab.train.optim import OptimizerConfig
 from gptlab.train.schedule import ScheduleConfig
 
 
-def nanogpt_recipe(data: Path, out: Path, steps: int, seed: int):
+def nanogpt_recipe(steps: int):
     """train_shakespeare_char.py with the README's CPU overrides, in gptlab's Trainer."""
     return dataclasses.replace(
         train_preset("shakespeare-cpu"),
-        data=str(data),
-        out=str(out),
         model=preset("gpt2-mini", vocab_size=257, n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, bias=False),
         optimizer=OptimizerConfig(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, impl="torch"),  # its loop on a CPU
         schedule=ScheduleConfig(kind="cosine", warmup_steps=100 * steps // 2000, min_lr_ratio=0.1),
@@ -62,77 +68,123 @@ def nanogpt_recipe(data: Path, out: Path, steps: int, seed: int):
         precision="fp32",
         loader_mode="random",  # nanoGPT's get_batch: random windows
         fused_loss=False,  # its model.py: the full logits, then F.cross_entropy
-        seed=seed,
         eval_every=0,
         checkpoint_every=0,
-        log_every=500,
     )
 
 
-def prepare(root: Path, vocab_size: int) -> tuple[Path, Tokenizer]:
-    """The tokenizer on the training works only; shards with exactly the held-out works as the val split."""
+def split_files(split: str) -> tuple[list[Path], list[Path]]:
+    """(training files, scored files) of the split."""
     files = shakespeare_files()
-    held_out = files[RunConfig().val_every - 1 :: RunConfig().val_every]
-    train_files = [path for path in files if path not in held_out]
-    tokenizer = Tokenizer.train(files=train_files, vocab_size=vocab_size, pattern="gpt4")
-    tokenizer.save(root / "tokenizer")
-    prepare_shards([str(path) for path in train_files], tokenizer, root / "data",
-                   PrepareConfig(val=0, shard_tokens=10_000_000, progress=False), val_source=[str(path) for path in held_out])
-    return root / "data", tokenizer
+    if split == "validation":
+        return selection_split(files)
+    return [path for index, path in enumerate(files, 1) if index % 10], files[9::10]
+
+
+def prepared(root: Path, split: str, vocab_size: int, pattern: str, cache: dict) -> Path:
+    """The data folder of a tokenizer (trained on the split's training files only), made once per run."""
+    key = (vocab_size, pattern)
+    if key not in cache:
+        train, scored = split_files(split)
+        folder = root / f"data-{vocab_size}-{pattern}"
+        tokenizer = Tokenizer.train(files=train, vocab_size=vocab_size, pattern=pattern)
+        tokenizer.save(folder / "tokenizer")
+        prepare_shards([str(path) for path in train], tokenizer, folder / "data",
+                       PrepareConfig(val=0, shard_tokens=10_000_000, progress=False), val_source=[str(path) for path in scored])
+        cache[key] = folder
+    return cache[key]
+
+
+def sides(track, args) -> list[tuple[str, object]]:
+    """(name, the side's RunConfig, or None for nanoGPT's recipe) in the order each seed trains them: the recipe,
+    then every record up to the latest (or --record N), oldest first; only the last with --latest-only."""
+    last = track.latest if args.record is None else track.check_record(args.record)
+    first = last if args.latest_only is not None and (not args.latest_only or track.name in args.latest_only) else 0
+    chosen = [("recipe", None)] if args.recipe else []
+    chosen += [(f"record {record}", track.config(record)) for record in range(first, last + 1)]
+    if args.candidate:
+        chosen.append(("candidate", track.config(last, shlex.split(args.candidate))))
+    return chosen
 
 
 def train_and_score(config) -> tuple[float, float, int]:
     start = time.perf_counter()
     result = Trainer(config, log=lambda line: None, resume=False).fit()
     seconds = time.perf_counter() - start
-    model = load_model(result.checkpoint)
-    return evaluate_split(model, config)["bpb"], seconds, result.steps
+    return evaluate_split(load_model(result.checkpoint), config)["bpb"], seconds, result.steps
 
 
-def one_seed(root: Path, char_data: Path, bpe_data: Path, budget: float, seed: int) -> tuple[float, float]:
-    """The recipe, then gptlab given the recipe's wall-clock; both scored on the held-out works."""
-    steps = round(20 * budget)
-    recipe = nanogpt_recipe(char_data, root / f"recipe-{budget:g}-{seed}", steps, seed)
-    recipe_bpb, recipe_seconds, _ = train_and_score(recipe)
-    ours = dataclasses.replace(train_preset("shakespeare-cpu"), data=str(bpe_data), tokenizer=str(bpe_data.parent / "tokenizer"),
-                               out=str(root / f"gptlab-{budget:g}-{seed}"), seed=seed, max_steps=10**9,
-                               time_limit=recipe_seconds, eval_every=0, checkpoint_every=0, log_every=500)
-    ours_bpb, ours_seconds, ours_steps = train_and_score(ours)
-    print(f"  seed {seed}: recipe {recipe_bpb:.4f} bpb ({steps} steps, {recipe_seconds:.0f} s)   "
-          f"gptlab {ours_bpb:.4f} bpb ({ours_steps} steps, {ours_seconds:.0f} s)", flush=True)
-    return recipe_bpb, ours_bpb
+def one_seed(root: Path, track, chosen, seed: int, args, cache: dict) -> dict[str, float]:
+    """Every side at one seed; the gptlab sides get the recipe's wall-clock (the track's budget without it)."""
+    scores, budget, parts = {}, track.budget, []
+    for name, run in chosen:
+        out = str(root / f"{track.name}-{name.replace(' ', '')}-{seed}")
+        if run is None:
+            char = prepared(root, args.split, 257, "gpt4", cache)
+            config = dataclasses.replace(nanogpt_recipe(round(20 * track.budget)), data=str(char / "data"), out=out, seed=seed)
+        else:
+            folder = prepared(root, args.split, run.tokenizer.vocab_size, run.tokenizer.pattern, cache)
+            config = dataclasses.replace(run.train, data=str(folder / "data"), tokenizer=str(folder / "tokenizer"), out=out,
+                                         seed=seed, time_limit=budget, model=dataclasses.replace(
+                                             run.train.model, vocab_size=run.tokenizer.vocab_size))
+        bpb, seconds, steps = train_and_score(dataclasses.replace(config, log_every=10**6, sample_tokens=0))
+        if run is None:
+            budget = seconds
+        scores[name] = bpb
+        parts.append(f"{name} {bpb:.4f} ({steps} steps, {seconds:.0f} s)")
+    print(f"  seed {seed}: " + "   ".join(parts), flush=True)
+    return scores
 
 
-def summary(budget: float, recipe: list[float], ours: list[float]) -> None:
-    def show(values):
-        spread = f" +- {statistics.stdev(values):.4f}" if len(values) > 1 else ""
-        return f"{statistics.mean(values):.4f}{spread}"
+def show(values: list[float]) -> str:
+    spread = f" +- {statistics.stdev(values):.4f}" if len(values) > 1 else ""
+    return f"{statistics.mean(values):.4f}{spread}"
 
-    ratio = statistics.mean(ours) / statistics.mean(recipe)
-    p = f", Welch t-test p = {ttest_ind(ours, recipe, equal_var=False).pvalue:.2g}" if len(ours) > 1 else ""
-    print(f"budget {budget:g} s: recipe {show(recipe)}  gptlab {show(ours)} bits per byte (n={len(ours)} seeds each)")
-    print(f"  gptlab / recipe = {ratio:.3f}: {1 - ratio:.1%} fewer bits per byte{p}", flush=True)
+
+def summary(track, names: list[str], scores: list[dict[str, float]]) -> None:
+    """Each side's mean and spread, its ratio to the recipe, and Welch's test against the side before it."""
+    values = {name: [seed[name] for seed in scores] for name in names}
+    print(f"{track.name} ({track.budget:g} s), bits per byte over {len(scores)} seed{'s' * (len(scores) > 1)}:")
+    for index, name in enumerate(names):
+        line = f"  {name:<10} {show(values[name])}"
+        if "recipe" in values and name != "recipe":
+            line += f"   {statistics.mean(values[name]) / statistics.mean(values['recipe']):.3f} x recipe"
+        if index:  # `gptlab runs compare --group`'s statistics
+            before = names[index - 1]
+            test = welch_difference(name, before, "bpb", values[name], values[before])
+            line += f"   {test.difference:+.4f} vs {before}"
+            if test.p is not None:
+                line += f" (95% interval {test.low:+.4f} to {test.high:+.4f}, Welch p = {test.p:.2g})"
+        print(line, flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budgets", type=float, nargs="+", default=[100, 600], help="seconds per run (default 100 600)")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per side and budget (default 3)")
+    parser.add_argument("--tracks", nargs="+", default=["cpu-100s", "cpu-600s"], help="record tracks (default cpu-100s cpu-600s)")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per side and track (default 3)")
+    parser.add_argument("--split", choices=("test", "validation"), default="test",
+                        help="test: scored on the held-out works (records); validation: on a carve-out of the training works")
+    parser.add_argument("--record", type=int, help="the last record measured (default the latest)")
+    parser.add_argument("--candidate", default="", metavar="FLAGS", help="also the record with these `gptlab run` flags on top")
+    parser.add_argument("--no-recipe", dest="recipe", action="store_false", help="leave nanoGPT's recipe out")
+    parser.add_argument("--latest-only", nargs="*", metavar="TRACK",
+                        help="measure only the last record, not the ones before it (of these tracks only, when named)")
     args = parser.parse_args()
-    print(header("Shakespeare on CPU: gptlab's default recipe vs nanoGPT's CPU recipe, equal wall-clock", ["gptlab", "torch"]))
-    ours = train_preset("shakespeare-cpu")
-    print("# score: bits per byte on the same held-out works (every tenth of the 42, unseen by tokenizers and models), the whole val split.")
-    print(f"# recipe: byte-level (257 ids), 4x128, block 64, batch 12, 20 x budget iterations, fp32; gptlab: shakespeare-cpu, "
-          f"BPE {ours.model.vocab_size}, {ours.model.n_layer}x{ours.model.n_embd}, {ours.optimizer.kind}, {ours.batch_tokens} tokens/step, "
-          f"time-budgeted, {ours.precision}")
+    tracks = [get_track(name) for name in args.tracks]
+    print(header("Record tracks on CPU: gptlab's records vs nanoGPT's CPU recipe, equal wall-clock", ["gptlab", "torch"]))
+    print(f"# split: {args.split} ({'the 4 held-out works' if args.split == 'test' else 'a carve-out of the training works'}), "
+          "scored in bits per byte over the whole split")
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        char_data, _ = prepare(root / "char", 257)
-        bpe_data, _ = prepare(root / "bpe", ours.model.vocab_size)
-        for budget in args.budgets:
-            print(f"budget {budget:g} s", flush=True)
-            pairs = [one_seed(root, char_data, bpe_data, budget, seed) for seed in range(args.seeds)]
-            summary(budget, [a for a, _ in pairs], [b for _, b in pairs])
+        root, cache = Path(tmp), {}
+        for track in tracks:
+            chosen = sides(track, args)
+            for name, run in chosen:
+                if run is not None:
+                    flags = track.flags(None if name == "candidate" else int(name.split()[1]))
+                    extra = shlex.split(args.candidate) if name == "candidate" else []
+                    print(f"# {track.name} {name}: {shlex.join(flags + extra) or 'the base recipe (shakespeare-cpu)'}")
+            scores = [one_seed(root, track, chosen, seed, args, cache) for seed in range(args.seeds)]
+            summary(track, [name for name, _ in chosen], scores)
 
 
 if __name__ == "__main__":

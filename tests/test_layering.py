@@ -29,6 +29,7 @@ ALLOWED = {
     "export": {"runtime", "model", "tokenizer", "chat", "load"},
     "cli": {"*"},
     "pipeline": {"*"},
+    "tracks": {"runtime", "train", "pipeline"},  # record tracks: a budget and a history of runs of the pipeline
     "__main__": {"*"},
 }
 

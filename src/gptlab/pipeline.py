@@ -92,6 +92,7 @@ class RunConfig:
     sample: SampleStageConfig = field(default_factory=SampleStageConfig)
     sft: SFTConfig = field(default_factory=sft_cpu)  # fine-tuning for chat; init_from, out and model are set by the run
     card_examples: int = 200  # questions per task on the report cards (95% intervals about +-0.07 wide at 200)
+    pretrain_only: bool = False  # stop after the held-out evaluation: a record track's score (gptlab.tracks)
 
     def __post_init__(self) -> None:
         if self.val_every < 2:
@@ -166,6 +167,10 @@ def run_pipeline(config: RunConfig, log: Callable[[str], None] = print, color: b
     model = load_model(trained.checkpoint, device=runtime.device)
     val = evaluate_split(model, trainer.config)  # its micro_batch resolved (0: auto)
     log(f"      val loss {val['loss']:.4f} nats/token, val bits per byte {val['bpb']:.4f} ({val['tokens']:,} tokens)")
+    if config.pretrain_only:
+        log(f"done: pretrained and scored; artefacts in {out}/ (the remaining stages are skipped: pretrain_only)")
+        return RunResult(tokenizer_dir=out / "tokenizer", val_bytes_per_token=stats.bytes_per_token, train_seconds=tokenizer_seconds,
+                         data_dir=data_dir, train=trained, val_bpb=val["bpb"])
 
     log(f"[7/{STAGES}] sample: {config.sample.max_new_tokens} tokens, temperature {config.sample.temperature}, top-k {config.sample.top_k}")
     text = sample_text(model, tokenizer, config.sample)

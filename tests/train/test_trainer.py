@@ -205,11 +205,14 @@ def test_ddp_on_two_gloo_processes_equals_one_process(prepared, tmp_path, two_ra
 
 
 def test_compiled_training_still_evaluates_and_samples(prepared, tmp_path):
-    """torch.compile wraps the step only: evaluation, sampling and checkpoints use the plain module."""
-    samples = []
+    """torch.compile wraps the step only: evaluation, sampling and checkpoints use the plain module; its warm-up
+    before the time limit's clock leaves the run's losses those of the plain run."""
+    samples, lines = [], []
     config = tiny_config(prepared, tmp_path / "compiled", compile=True, max_steps=2, eval_every=1, sample_every=1, checkpoint_every=1)
-    result = quiet(config, sample_fn=lambda model, tokenizer: samples.append(type(model).__name__) or "text").fit()
+    result = Trainer(config, log=lines.append, sample_fn=lambda model, tokenizer: samples.append(type(model).__name__) or "text").fit()
     assert result.status == "finished" and result.val_bpb > 0 and samples and set(samples) == {"GPT"}
+    # compiled before the clock starts, on a batch of zeros whose gradients are dropped: the losses below are unchanged
+    assert any("compiled the training step" in line and "before the clock starts" in line for line in lines)
     assert not any("_orig_mod" in key for key in final_weights(tmp_path / "compiled"))
     plain = quiet(tiny_config(prepared, tmp_path / "plain", max_steps=2, eval_every=1, checkpoint_every=1)).fit()
     assert result.losses == pytest.approx(plain.losses, rel=1e-4)
@@ -405,3 +408,17 @@ def test_a_run_saved_before_a_field_existed_resumes_when_the_field_is_at_its_def
     as_if_older()
     with pytest.raises(GptlabError, match=r"other settings \(seed 1337 -> 7\)"):  # from the default the old run ran with
         Trainer(dataclasses.replace(config, seed=7), log=lambda *_: None).fit()
+
+
+def test_compile_on_a_cpu_without_a_cpp_compiler_is_refused_before_compute(prepared, tmp_path, monkeypatch):
+    """torch's inductor builds C++ on a CPU: with no compiler found the run is one line, and nothing is made."""
+    from gptlab.runtime import GptlabError
+
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    with pytest.raises(GptlabError, match=r"needs a C\+\+ compiler .* or pass --compile false"):
+        quiet(tiny_config(prepared, tmp_path / "run", compile=True))
+    assert not (tmp_path / "run").exists()
+    monkeypatch.setenv("CXX", "my-c++")
+    monkeypatch.setattr("shutil.which", lambda name: f"/opt/bin/{name}" if name == "my-c++" else None)
+    quiet(tiny_config(prepared, tmp_path / "run", compile=True))  # $CXX is the compiler torch would use

@@ -67,6 +67,8 @@ def gguf_problems(config: ModelConfig) -> list[str]:
         bad.append(f"--model.qk-norm true with --model.bias {_value(config.bias)} --model.qkv-bias {_value(config.qkv_bias)}")
     if config.logit_softcap:
         bad.append(f"--model.logit-softcap {config.logit_softcap}")
+    if config.bigram_vocab:
+        bad.append(f"--model.bigram-vocab {config.bigram_vocab}")
     if any(config.layer_windows):
         bad.append(f"--model.attn-window {config.attn_window} (--model.window-pattern {config.window_pattern})")
     if config.is_moe and config.arch == "llama":
@@ -96,7 +98,7 @@ def gguf_recipe(config: ModelConfig, routing_bias: bool = False) -> list[tuple[s
     """The fewest --model settings ([("arch", "llama"), ...]) that would make a model like this one exportable
     as GGUF, [] when none is found: llama's recipe (rotary, RMSNorm, SwiGLU) or gpt2's, each pared down to the
     settings that matter, and the shorter one kept. Each is checked with gguf_problems."""
-    common = {"logit_softcap": 0.0, "attn_window": 0, "window_pattern": "L"}
+    common = {"logit_softcap": 0.0, "attn_window": 0, "window_pattern": "L", "bigram_vocab": 0}
     candidates = [
         {"arch": "llama", "position": "rotary", "norm": "rms", "activation": "swiglu", **common,
          **({"bias": False, "qkv_bias": False} if config.qk_norm or config.is_moe else {}),

@@ -145,6 +145,7 @@ class SlotCache:
         shape = (config.n_layer, slots, config.kv_heads, config.block_size, config.head_dim)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
+        self.ids = torch.full((slots, config.block_size), -1, dtype=torch.long, device=device)  # for a bigram table
         self.length = 0  # what GPT.forward reads as the start; the engine always passes positions and masks
         self.rows = torch.zeros(0, dtype=torch.long, device=device)
         self.starts = torch.zeros(0, dtype=torch.long, device=device)
@@ -172,6 +173,19 @@ class SlotCache:
             n = len(self.rows)
             return keys[:n, :, : self.span], values[:n, :, : self.span]
         return keys[self.rows, :, : self.span], values[self.rows, :, : self.span]
+
+    def previous_ids(self, idx: torch.Tensor) -> torch.Tensor:
+        """Record the selected rows' new (B, T) ids at their starts; return each one's predecessor (-1 at position 0)."""
+        where = self.starts[:, None] + torch.arange(idx.shape[1], device=idx.device)  # (B, T) positions
+        rows = self.rows[:, None].expand_as(where)
+        self.ids[rows, where] = idx
+        before = self.ids[rows, (where - 1).clamp(min=0)]
+        return before.masked_fill(where == 0, -1)
+
+    def write_ids(self, row: int, ids: list[int]) -> None:
+        """Slot `row` holds these tokens from position 0 (keys and values restored from the prefix cache)."""
+        if ids:
+            self.ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long, device=self.ids.device)
 
     def advance(self, n: int) -> None:
         pass  # each slot's length is the engine's to keep
@@ -397,7 +411,9 @@ class Engine:
         """Copy the longest cached prefix of `prompt` into slot `index`: how many tokens need no prefill (gptlab.infer.prefix_cache)."""
         if self.prefix_cache is None:
             return 0
-        return self.prefix_cache.restore(self.cache.keys, self.cache.values, index, prompt)
+        cached = self.prefix_cache.restore(self.cache.keys, self.cache.values, index, prompt)
+        self.cache.write_ids(index, prompt[:cached])  # what a bigram table reads as the first new token's predecessor
+        return cached
 
     def _store_prefix(self, index: int, tokens: list[int]) -> None:
         """Keep the full blocks of `tokens`, whose keys/values slot `index` holds from position 0."""

@@ -49,7 +49,8 @@ def param_counts(config: ModelConfig) -> dict[str, int]:
 
     Per block: two norms (LayerNorm d weights + d biases where `config.bias`, RMSNorm d), c_attn d(a + 2k)h_d,
     c_proj d^2, c_fc dF (2dF for SwiGLU: gate and up), c_proj Fd, with biases where `config.bias` (c_attn's also where `qkv_bias`);
-    QK-norm adds 2 h_d. Rotary positions have no table, learned ones wpe. Non-embedding = total - wte - wpe - (lm_head if untied),
+    QK-norm adds 2 h_d. Rotary positions have no table, learned ones wpe; a bigram table is bigram_vocab d.
+    Non-embedding = total - wte - wpe - bigram - (lm_head if untied),
     the same split as `GPT.num_params(embeddings=False)`. Example: gpt2 -> 124,475,904 total,
     85,056,000 non-embedding.
 
@@ -70,17 +71,19 @@ def param_counts(config: ModelConfig) -> dict[str, int]:
     wte = config.padded_vocab_size * d
     wpe = config.block_size * d if config.position_kind == "learned" else 0
     lm_head = 0 if config.tie_embeddings else config.padded_vocab_size * d
+    bigram = config.bigram_vocab * d  # a lookup table, as wte
     non_embedding = (config.n_layer - sparse) * dense_block + sparse * sparse_block + norm
     idle = sparse * (moe.n_experts - moe.top_k) * expert  # routed experts a token does not visit
     return {
-        "total": non_embedding + wte + wpe + lm_head,
-        "embeddings": wte + wpe + lm_head,
+        "total": non_embedding + wte + wpe + lm_head + bigram,
+        "embeddings": wte + wpe + lm_head + bigram,
         "non_embedding": non_embedding,
         "wte": wte,
         "wpe": wpe,
         "lm_head": lm_head,
+        "bigram": bigram,
         "per_block": dense_block,
-        "active": non_embedding + wte + wpe + lm_head - idle,
+        "active": non_embedding + wte + wpe + lm_head + bigram - idle,
         "active_non_embedding": non_embedding - idle,
         "experts": sparse * moe.n_experts * expert,
         "routers": sparse * d * moe.n_experts,

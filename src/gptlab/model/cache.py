@@ -10,6 +10,7 @@ Not here: sampling and the decode loop (gptlab.infer).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from gptlab.model.config import ModelConfig
 from gptlab.runtime import GptlabError
@@ -23,6 +24,7 @@ class KVCache:
         self.shape = (config.n_layer, batch_size, config.kv_heads, self.max_len, config.head_dim)
         self.keys = torch.zeros(self.shape, device=device, dtype=dtype)
         self.values = torch.zeros(self.shape, device=device, dtype=dtype)
+        self.ids = torch.full((batch_size, self.max_len), -1, dtype=torch.long, device=device)  # for a bigram table
         self.length = 0
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,6 +41,17 @@ class KVCache:
         self.keys[layer, :, :, self.length : end] = k
         self.values[layer, :, :, self.length : end] = v
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+    def previous_ids(self, idx: torch.Tensor) -> torch.Tensor:
+        """Record the new (B, T) ids at [length, length + T); return each one's predecessor (-1 at position 0)."""
+        if self.ids.device != idx.device:
+            self.ids = self.ids.to(idx.device)
+        start, end = self.length, self.length + idx.shape[1]
+        if end > self.max_len:
+            raise GptlabError(f"KV cache full: {end} positions needed, {self.max_len} allocated")
+        self.ids[:, start:end] = idx
+        before = self.ids[:, max(start - 1, 0) : end - 1]
+        return before if start else F.pad(before, (1, 0), value=-1)
 
     def advance(self, n: int) -> None:
         self.length += n

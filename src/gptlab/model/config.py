@@ -9,7 +9,7 @@ One dataclass covers both families:
 
 `arch` picks the family's defaults; the switches below override one part each, so every
 choice can be measured alone: `position`, `norm` and `activation` ("" = the arch's own),
-`qk_norm`, `tie_embeddings`, `logit_softcap`, `zero_init`, and sliding-window attention
+`qk_norm`, `tie_embeddings`, `logit_softcap`, `zero_init`, `bigram_vocab`, and sliding-window attention
 (`attn_window` with `window_pattern`). Their defaults are the families as they were.
 `attention` and `norm_impl` choose how attention and RMSNorm are computed (gptlab.kernels), not what:
 every choice gives the same numbers. `moe` (MoEConfig) makes feed-forward layers sparse: a mixture of experts
@@ -106,6 +106,7 @@ class ModelConfig:
     activation: str = ""  # gelu | swiglu | relu2 = relu(x)^2, not gated ("" = the arch's: gpt2 gelu, llama swiglu)
     logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap) (Gemma 2; nanochat uses 15); 0 = off
     zero_init: bool = False  # attention and MLP output projections start at zero: each block starts as the identity
+    bigram_vocab: int = 0  # > 0: rows of a hashed (previous token, token) table added to the token embedding; 0 = off
     attn_window: int = 0  # S layers attend to the last attn_window positions, themselves included (0: no S layers)
     window_pattern: str = "L"  # S (sliding window) / L (full context) cycled over layers, e.g. SSSL; last layer always L
     # sdpa: F.scaled_dot_product_attention | math: softmax(q k^T / sqrt(d)) v spelled out | flash: FlashAttention-2
@@ -134,6 +135,8 @@ class ModelConfig:
             raise GptlabError(f"rotary embeddings need an even head_dim, got {self.head_dim}")
         if not 0.0 <= self.dropout < 1.0:
             raise GptlabError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.bigram_vocab < 0 or self.bigram_vocab == 1:
+            raise GptlabError(f"bigram_vocab must be 0 (off) or at least 2 rows, got {self.bigram_vocab}")
         if not 0.0 <= self.logit_softcap < float("inf"):
             raise GptlabError(f"logit_softcap must be 0 (off) or a positive number, got {self.logit_softcap}")
         self._check_window()

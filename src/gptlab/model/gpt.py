@@ -189,6 +189,29 @@ def reference_attention(q, k, v, mask: torch.Tensor | None, dropout: float = 0.0
     return weights @ v
 
 
+def previous_ids(idx: torch.Tensor, cache=None, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Each token's predecessor in its sequence, -1 where it has none: (B, T) ids -> (B, T).
+
+    Without a cache: idx shifted right by one, [[5, 6, 7]] -> [[-1, 5, 6]]. With one, the cache keeps the ids it
+    has seen (`previous_ids(idx)` records them), so a decoded token finds the one before it. A token at position 0
+    (the first of a left-padded prompt) has none either, whatever sits before it.
+    """
+    if cache is not None:
+        before = cache.previous_ids(idx)
+    else:
+        before = F.pad(idx[:, :-1], (1, 0), value=-1)
+    if positions is not None:
+        before = before.masked_fill(positions.expand_as(before) == 0, -1)
+    return before
+
+
+def bigram_buckets(before: torch.Tensor, idx: torch.Tensor, rows: int) -> torch.Tensor:
+    """The bigram table's row for each (previous token, token) pair: a hash into rows 1..rows-1; row 0 for
+    no previous token. Collisions share a row, as in modded-nanogpt's bigram hash embedding."""
+    hashed = (before * 36313 + idx * 27191) % (rows - 1) + 1
+    return torch.where(before < 0, torch.zeros_like(hashed), hashed)
+
+
 class Block(nn.Module):
     def __init__(self, config: ModelConfig, layer: int = 0) -> None:
         super().__init__()
@@ -223,6 +246,10 @@ class GPT(nn.Module):
         )
         if config.position_kind == "learned":
             self.transformer["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+        if config.bigram_vocab:
+            # zeros, drawing nothing (here or in _init_weights): it adds nothing at first and the rest stays the seed's
+            self.transformer["bigram"] = nn.Embedding(config.bigram_vocab, config.n_embd, _weight=torch.zeros(config.bigram_vocab, config.n_embd))
+            self.transformer["bigram"].zero_start = True
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer["wte"].weight
@@ -248,6 +275,8 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.weight)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding) and getattr(module, "zero_start", False):
+            nn.init.zeros_(module.weight)  # drawing nothing: the other weights stay the seed's
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
         elif isinstance(module, MoE):  # the experts' weights, as the dense MLP's (the router is a Linear above)
@@ -341,6 +370,8 @@ class GPT(nn.Module):
         if positions is None:
             positions = torch.arange(start, start + T, device=idx.device).unsqueeze(0)  # (1, T)
         x, rotary = self._embed(idx, positions)
+        if self.config.bigram_vocab:
+            x = x + self.transformer["bigram"](bigram_buckets(previous_ids(idx, cache, positions), idx, self.config.bigram_vocab))
         if mask is None and cache is not None and start > 0:
             mask = causal_mask(T, start + T, idx.device)
         masks = self._layer_masks(mask, T, start + T, idx.device)
@@ -392,8 +423,9 @@ class GPT(nn.Module):
         total = sum(p.numel() for p in self.parameters())
         if not embeddings:
             total -= self.transformer["wte"].weight.numel()
-            if "wpe" in self.transformer:
-                total -= self.transformer["wpe"].weight.numel()
+            for table in ("wpe", "bigram"):
+                if table in self.transformer:
+                    total -= self.transformer[table].weight.numel()
             if not self.config.tie_embeddings:
                 total -= self.lm_head.weight.numel()
         return total

@@ -225,6 +225,8 @@ def check_exportable(config: ModelConfig) -> None:
         bad.append(f"n_kv_head={config.n_kv_head}")
     if config.logit_softcap:
         bad.append(f"logit_softcap={config.logit_softcap}")
+    if config.bigram_vocab:
+        bad.append(f"bigram_vocab={config.bigram_vocab}")
     if any(config.layer_windows):
         bad.append(f"attn_window={config.attn_window} (window_pattern {config.window_pattern!r})")
     if config.is_moe:

@@ -84,6 +84,9 @@ class PrepareMixin:
             self.print(f"note: the model has {config.model.vocab_size:,} ids, the data's tokenizer {vocab:,}; "
                        "the extra rows are never trained, and sampling draws only the tokenizer's ids")
         self.precision = resolve_precision(config.precision, self.runtime.device)
+        if config.compile and self.runtime.device.type == "cpu" and not cpu_compiler():
+            raise GptlabError("--compile true on a CPU needs a C++ compiler for torch's inductor (g++ or clang++ on PATH, "
+                              "or $CXX); install one (Debian: apt-get install g++) or pass --compile false")
         config = self._fit_micro_batch(config)
         self.accum = config.accumulation_steps(self.runtime.world_size)
         return self._shorten_warmup(config)
@@ -208,6 +211,15 @@ class PrepareMixin:
         return parallelize(wrapped, lambda: optimizer_recipe(model, config.optimizer, runtime.device.type), config.parallel,
                            distributed=runtime.distributed, device_ids=device_ids, blocks=model.transformer["h"],
                            precision=self.precision)
+
+
+def cpu_compiler() -> str | None:
+    """The C++ compiler torch.compile's CPU code would be built with: $CXX, else c++, g++ or clang++ on PATH."""
+    import os
+    import shutil
+
+    names = [os.environ["CXX"]] if os.environ.get("CXX") else ["c++", "g++", "clang++"]
+    return next((found for name in names if (found := shutil.which(name))), None)
 
 
 def new_run_folder(root: str = "runs", suffixes: tuple[str, ...] = ("",)) -> Path:

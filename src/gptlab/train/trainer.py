@@ -138,6 +138,7 @@ class Trainer(PrepareMixin, ResumeMixin, MicroBatchMixin, HooksMixin):
             raise
         if self.before_fn is not None:  # after the folder is claimed: a refused --out costs no compute
             self.before = self.before_fn()
+        self._warm_up_compile()
         self.start_time = time.perf_counter()
         self.report_at, self.report_seconds = self.start_time, 1.0  # when the report was last written, and its cost (a guess)
         self.spent = self.state.elapsed_before / self.config.time_limit if self.config.time_limit else 0.0
@@ -179,6 +180,25 @@ class Trainer(PrepareMixin, ResumeMixin, MicroBatchMixin, HooksMixin):
         except torch.OutOfMemoryError:  # outside the micro-steps (optimizer, evaluation), or under torchrun
             raise out_of_memory_error(self.config.micro_batch, self.config.seq_len) from None
         return self._finish(status)
+
+    def _warm_up_compile(self) -> None:
+        """With --compile, trace and compile the training step's forward and backward before the clock starts, as
+        modded-nanogpt's records time training alone: a --time-limit then buys training steps, not compilation.
+        A batch of zeros in the step's shape, its gradients dropped and the RNG put back: the run is unchanged."""
+        if not self.config.compile or self.state.finished:
+            return
+        started = time.perf_counter()
+        ids = torch.zeros(self.config.micro_batch or 1, self.config.seq_len, dtype=torch.long, device=self.runtime.device)
+        rng = torch.get_rng_state(), (torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+        self.model.train()
+        with self.cast:  # targets a tensor of their own: the step's guards (idx is not targets) hold afterwards
+            _, loss = self.wrapped(ids, ids.clone(), loss_reduction="mean", fused_loss=False)
+        loss.backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.set_rng_state(rng[0])
+        if rng[1] is not None:
+            torch.cuda.set_rng_state_all(rng[1])
+        self.print(f"compiled the training step in {time.perf_counter() - started:.1f} s (before the clock starts)")
 
     def _train_step(self) -> None:
         """One optimizer step (accum micro-steps), then the step's metrics."""
