@@ -23,7 +23,7 @@ a busy moment of a shared machine falls on all. Printed per track: each seed's b
 mean +- standard deviation, ratios to the recipe, and Welch's t-test of each side against the one before it
 (a record against the record it improved on).
 
-    .venv/bin/python bench/shakespeare_cpu.py --latest-only cpu-600s              # the records (about 85 minutes)
+    .venv/bin/python bench/shakespeare_cpu.py --latest-only cpu-600s              # the records (about 75 minutes)
     .venv/bin/python bench/shakespeare_cpu.py --tracks cpu-100s --seeds 1        # a quick look (about 8 minutes)
     .venv/bin/python bench/shakespeare_cpu.py --tracks cpu-100s --split validation --no-recipe --latest-only \\
         --candidate "--train.optimizer.lr 5e-3"                                  # trying a change
@@ -81,18 +81,24 @@ def split_files(split: str) -> tuple[list[Path], list[Path]]:
     return [path for index, path in enumerate(files, 1) if index % 10], files[9::10]
 
 
+def prepare(root: Path, vocab_size: int, pattern: str = "gpt4", split: str = "test") -> tuple[Path, Tokenizer]:
+    """The tokenizer on the split's training works only, and shards whose val split is exactly its scored works
+    (ROOT/tokenizer, ROOT/data). bench/moe_vs_dense.py and bench/recipe_ablation.py use the same data."""
+    train, scored = split_files(split)
+    tokenizer = Tokenizer.train(files=train, vocab_size=vocab_size, pattern=pattern)
+    tokenizer.save(root / "tokenizer")
+    prepare_shards([str(path) for path in train], tokenizer, root / "data",
+                   PrepareConfig(val=0, shard_tokens=10_000_000, progress=False), val_source=[str(path) for path in scored])
+    return root / "data", tokenizer
+
+
 def prepared(root: Path, split: str, vocab_size: int, pattern: str, cache: dict) -> Path:
-    """The data folder of a tokenizer (trained on the split's training files only), made once per run."""
-    key = (vocab_size, pattern)
-    if key not in cache:
-        train, scored = split_files(split)
+    """The folder of `prepare` for this tokenizer, made once per run."""
+    if (vocab_size, pattern) not in cache:
         folder = root / f"data-{vocab_size}-{pattern}"
-        tokenizer = Tokenizer.train(files=train, vocab_size=vocab_size, pattern=pattern)
-        tokenizer.save(folder / "tokenizer")
-        prepare_shards([str(path) for path in train], tokenizer, folder / "data",
-                       PrepareConfig(val=0, shard_tokens=10_000_000, progress=False), val_source=[str(path) for path in scored])
-        cache[key] = folder
-    return cache[key]
+        prepare(folder, vocab_size, pattern, split)
+        cache[vocab_size, pattern] = folder
+    return cache[vocab_size, pattern]
 
 
 def sides(track, args) -> list[tuple[str, object]]:

@@ -87,6 +87,12 @@ RUN_SMALL = (
     "--sft.data", "task:arithmetic[n=300], task:spelling[n=300]", "--sft.max-steps", "2", "--sft.batch-tokens", "1024",
     "--sft.micro-batch", "8", "--sft.eval-every", "2", "--sft.eval-batches", "2", "--sft.task-examples", "4", "--sft.precision", "fp32",
 )
+# a record track at a size that takes seconds (its own flags first, these on top), not compiled
+TRACK_SMALL = (
+    "--tokenizer.vocab-size", "512", "--train.max-steps", "4", "--train.model.n-layer", "1", "--train.model.n-embd", "32",
+    "--train.model.n-head", "2", "--train.batch-tokens", "1024", "--train.micro-batch", "8", "--train.precision", "fp32",
+    "--train.compile", "false",
+)
 OFFLINE = (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"))
 # `gptlab profile` of a 1-layer model: one timed step after the two warm-up steps it needs at least
 PROFILE_SMALL = ("--batch", "2", "--seq-len", "32", "--steps", "1", "--warmup", "2", "--trace-steps", "1", "--precision", "fp32",
@@ -168,6 +174,8 @@ RUNS: dict[str, Scale] = {
     SEEDS_BASE: Scale(extra=TRAIN_SMALL),
     SEEDS_MUON: Scale(extra=TRAIN_SMALL),
     "gptlab runs compare --group base='runs/base-seed*' --group muon='runs/muon-seed*'": Scale(needs=(SEEDS_BASE, SEEDS_MUON)),
+    "gptlab run --track cpu-100s": Scale(extra=TRACK_SMALL),
+    "gptlab run --track cpu-100s --record 0": Scale(extra=TRACK_SMALL),
     # stage 5
     "gptlab eval --checkpoint runs/shakespeare --data runs/shakespeare/data": Scale(extra=("--seq-len", "64")),
     "gptlab eval --checkpoint runs/shakespeare/best --task hellaswag": Scale(  # the official file is a download: a stand-in
