@@ -30,7 +30,19 @@ ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assis
 END = "<|end|>"  # closes every message; the assistant's stop token
 CHAT_TOKENS = (*ROLE_TOKENS.values(), END)
 
-Message = Mapping[str, str]  # {"role": "user", "content": "..."}
+Message = Mapping[str, object]  # {"role": "user", "content": "..."}; an assistant's may hold "tool_calls"
+
+
+class Conversation(list):
+    """A conversation's messages (a list), and the tools it offers the assistant (OpenAI's fine-tuning shape:
+    {"messages": [...], "tools": [{"type": "function", "function": {...}}]}); `tools` is () when none are offered."""
+
+    def __init__(self, messages: Sequence[Message] = (), tools: Sequence[Mapping] = ()) -> None:
+        super().__init__(messages)
+        self.tools = tuple(tools)
+
+    def __repr__(self) -> str:
+        return f"Conversation({list(self)!r}, tools={list(self.tools)!r})" if self.tools else f"Conversation({list(self)!r})"
 
 
 @dataclass(frozen=True)
