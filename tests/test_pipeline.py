@@ -78,7 +78,7 @@ def test_run_goes_from_corpus_to_samples_and_reports_every_figure(finished):
     # Fine-tuning: the chat model in OUT/sft, task accuracy before and after, a conversation, how to talk to it.
     sft = out / "sft" / "checkpoints" / "step_000004"
     chat_tokenizer = Tokenizer.load(sft / "tokenizer")
-    assert load_model(sft).config.vocab_size == chat_tokenizer.vocab_size == 512 + 5
+    assert load_model(sft).config.vocab_size == chat_tokenizer.vocab_size == 512 + 7  # the chat tokens and the tool tokens
     assert chat_tokenizer.encode_ordinary("To be, or not") == tokenizer.encode_ordinary("To be, or not")
     assert "arithmetic_accuracy:" in log and "sorting_accuracy:" in log and "before fine-tuning" in log
     assert "[9/10] chat" in log and log.count("assistant: ") == 2 and f"gptlab chat {out / 'sft'}" in log

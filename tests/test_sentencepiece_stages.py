@@ -17,7 +17,7 @@ import sentencepiece as spm
 import torch
 import transformers
 
-from gptlab.chat import CHAT_TOKENS, ChatFormat
+from gptlab.chat import CHAT_TOKENS, TOOL_TOKENS, ChatFormat
 from gptlab.cli.main import main
 from gptlab.data.corpus import shakespeare_files
 from gptlab.data.match import find_model_tokenizer
@@ -127,11 +127,11 @@ def test_run_trains_a_tokenizer_the_library_reads_and_every_stage_keeps_it(run):
 def test_sft_adds_the_chat_tokens_as_control_pieces_the_library_knows_and_grows_the_embedding(run):
     base, chat = library(checkpoint(run, "train") / "tokenizer"), library(checkpoint(run, "sft") / "tokenizer")
     added = list(range(600, chat.get_piece_size()))
-    assert [chat.id_to_piece(i) for i in added] == list(CHAT_TOKENS) and all(chat.is_control(i) for i in added)
+    assert [chat.id_to_piece(i) for i in added] == [*CHAT_TOKENS, *TOOL_TOKENS] and all(chat.is_control(i) for i in added)
     assert [chat.id_to_piece(i) for i in range(600)] == [base.id_to_piece(i) for i in range(600)]
     assert chat.encode(TEXT) == base.encode(TEXT)  # control text stays plain text, as before
     model = load_model(checkpoint(run, "sft"))
-    assert model.config.vocab_size == 600 + len(CHAT_TOKENS) <= model.transformer.wte.weight.shape[0]
+    assert model.config.vocab_size == 600 + len(CHAT_TOKENS) + len(TOOL_TOKENS) <= model.transformer.wte.weight.shape[0]
     assert "[9/10] chat" in run[1] and "arithmetic_accuracy:" in run[1]
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gptlab.align.finetune.sft import SFTConfig, SFTTrainer, run_sft
-from gptlab.chat import CHAT_TOKENS, ChatFormat
+from gptlab.chat import CHAT_TOKENS, TOOL_TOKENS, ChatFormat
 from gptlab.cli.main import main
 from gptlab.data.match import find_model_tokenizer
 from gptlab.load.checkpoints import list_checkpoints
@@ -56,8 +56,8 @@ def test_sft_grows_the_vocabulary_and_saves_a_chat_model(base, tmp_path):
     checkpoint = list_checkpoints(tmp_path / "sft")[-1]
     tokenizer = find_model_tokenizer(checkpoint)
     model = load_model(checkpoint)
-    assert all(token in tokenizer.special_tokens for token in CHAT_TOKENS)
-    assert model.config.vocab_size == tokenizer.vocab_size == 512 + len(CHAT_TOKENS)
+    assert all(token in tokenizer.special_tokens for token in (*CHAT_TOKENS, *TOOL_TOKENS))
+    assert model.config.vocab_size == tokenizer.vocab_size == 512 + len(CHAT_TOKENS) + len(TOOL_TOKENS)
     ChatFormat(tokenizer)  # the saved tokenizer renders conversations
     records = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert any("val_loss" in r for r in records) and (tmp_path / "sft" / "loss.png").is_file()
@@ -93,7 +93,7 @@ def test_sft_first_step_loss_counts_only_assistant_tokens(base, tmp_path):
     from gptlab.model.hf import load_pretrained_directory
     from gptlab.model.resize import grow_vocab
 
-    model = grow_vocab(load_pretrained_directory(trainer.init_path), 517, new_from=512)
+    model = grow_vocab(load_pretrained_directory(trainer.init_path), trainer.tokenizer.vocab_size, new_from=512)
     logits, _ = model(x, **kwargs)
     expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100)
     chat = ChatFormat(trainer.tokenizer)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from gptlab.chat import CHAT_TOKENS, ChatFormat, add_chat_tokens, chat_template
+from gptlab.chat import CHAT_TOKENS, TOOL_TOKENS, ChatFormat, add_chat_tokens, chat_template
 from gptlab.model import GPT, preset
 from gptlab.model.resize import grow_vocab
 from gptlab.runtime import GptlabError
@@ -27,8 +27,9 @@ def test_add_chat_tokens_keeps_every_old_id(prepared, chat_tokenizer):
     base = Tokenizer.load(prepared / "tokenizer")
     text = "To be, or not to be: that is the question."
     assert chat_tokenizer.encode_ordinary(text) == base.encode_ordinary(text)
-    assert chat_tokenizer.vocab_size == base.vocab_size + len(CHAT_TOKENS)
-    assert sorted(chat_tokenizer.special_tokens[t] for t in CHAT_TOKENS) == list(range(base.vocab_size, chat_tokenizer.vocab_size))
+    added = (*CHAT_TOKENS, *TOOL_TOKENS)
+    assert chat_tokenizer.vocab_size == base.vocab_size + len(added)
+    assert sorted(chat_tokenizer.special_tokens[t] for t in added) == list(range(base.vocab_size, chat_tokenizer.vocab_size))
     assert add_chat_tokens(chat_tokenizer) is chat_tokenizer
 
 

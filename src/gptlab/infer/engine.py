@@ -17,7 +17,11 @@ a chat's earlier turns) are copied into its slot rather than recomputed; each re
 are kept for later ones, under that budget.
 
 A request's events are token ids, then one `Finished(reason)`: "stop" (a stop
-token, not sent), "length" (max_new_tokens reached), "cancelled", or "error".
+token, not sent), "length" (max_new_tokens reached), "cancelled", "error", or a
+reason its tool turn gave (e.g. "tool_calls"). A request submitted with `tools=`
+(a ToolTurn, gptlab.infer.tool_loop) may have ids fed in place of sampled ones:
+a tool's result goes in one token per decode step, sent like the rest, and the
+row samples on after it.
 Greedy rows give the tokens of `generate(model, [prompt], config)` alone, and a
 seeded request draws from its own generator exactly as `generate` does alone,
 so its tokens do not depend on what else is in the batch (up to float rounding
@@ -48,6 +52,7 @@ from gptlab.infer.gemv import single_row_matmuls
 from gptlab.infer.generate import SamplingConfig, check_prompts, make_generator, model_device_dtype, sample_next
 from gptlab.infer.prefix_cache import PrefixCache
 from gptlab.infer.speculative import check_draft, forward_slots, propose, verify
+from gptlab.infer.tool_loop import ToolTurn
 from gptlab.model import GPT
 from gptlab.runtime import GptlabError
 
@@ -74,15 +79,17 @@ class EngineConfig:
 class Finished:
     """The last event of a request."""
 
-    reason: str  # "stop", "length", "cancelled" or "error"
+    reason: str  # "stop", "length", "cancelled", "error", or a tool turn's reason
 
 
 class Request:
     """One prompt being generated. Iterate it (or `async for` it, if submitted with a loop) for its tokens."""
 
-    def __init__(self, prompt: list[int], config: SamplingConfig, loop: asyncio.AbstractEventLoop | None) -> None:
+    def __init__(self, prompt: list[int], config: SamplingConfig, loop: asyncio.AbstractEventLoop | None,
+                 tools: ToolTurn | None = None) -> None:
         self.prompt = prompt
         self.config = config
+        self.tools = tools  # the request's tool loop (gptlab.infer.tool_loop), or None
         self.tokens: list[int] = []  # generated so far (stop token excluded)
         self.finish_reason: str | None = None
         self.stop_token: int | None = None  # the stop token that ended it (reason "stop"), which is not in tokens
@@ -120,6 +127,7 @@ class _Slot:
     generator: torch.Generator
     length: int  # keys cached for this row
     last: int  # the token to feed next
+    feed: deque[int] = field(default_factory=deque)  # a tool turn's ids, fed one per step in place of sampling
 
 
 @dataclass
@@ -220,13 +228,17 @@ class Engine:
 
     # ------------------------------------------------------------ any thread
 
-    def submit(self, prompt: list[int], config: SamplingConfig, *, loop: asyncio.AbstractEventLoop | None = None) -> Request:
+    def submit(self, prompt: list[int], config: SamplingConfig, *, loop: asyncio.AbstractEventLoop | None = None,
+               tools: ToolTurn | None = None) -> Request:
         """Queue a prompt; raises GptlabError at once if it does not fit the context with max_new_tokens.
 
-        With `loop`, events are delivered into that asyncio loop (iterate with `async for`).
+        With `loop`, events are delivered into that asyncio loop (iterate with `async for`). With `tools`, the
+        request's tool turn runs on the engine thread after each token it chooses (gptlab.infer.tool_loop).
         """
         (prompt,) = check_prompts(self.model, [prompt], config, truncate=False)
-        request = Request(prompt, config, loop)
+        if tools is not None and self.draft is not None:
+            raise GptlabError("tools do not run with a draft model (speculative decoding): leave out the draft to use tools")
+        request = Request(prompt, config, loop, tools)
         with self._condition:
             if self._closed:
                 raise GptlabError("the engine is closed")
@@ -347,10 +359,11 @@ class Engine:
         logits = logits[:, -1]  # (B, vocab_size)
         self.stats.steps += 1
         self.stats.peak_running = max(self.stats.peak_running, len(running))
-        tokens: dict[int, int] = {}
+        tokens: dict[int, int] = {i: slot.feed.popleft() for i, (_, slot) in enumerate(running) if slot.feed}  # no draw
+        fed = set(tokens)
         greedy: dict[int | None, list[int]] = {}  # greedy rows, by the vocab_size they may draw from: one argmax each
         for i, (_, slot) in enumerate(running):
-            if slot.request.config.temperature == 0:
+            if slot.request.config.temperature == 0 and i not in fed:
                 greedy.setdefault(slot.request.config.vocab_size, []).append(i)
         for members in greedy.values():
             chosen = sample_next(logits[members], running[members[0]][1].request.config, None)
@@ -360,7 +373,7 @@ class Engine:
             if i not in tokens:
                 tokens[i] = sample_next(logits[i : i + 1], slot.request.config, slot.generator)[0].item()
         for i, (index, _) in enumerate(running):
-            self._accept(index, tokens[i])
+            self._accept(index, tokens[i], fed=i in fed)
 
     def _speculative_step(self) -> None:
         """Up to K+1 tokens for every running row: the draft guesses K per row, the target checks all rows' guesses
@@ -393,14 +406,18 @@ class Engine:
                 if self._slots[index] is not slot:  # it stopped or ran out: the rest is dropped
                     break
 
-    def _accept(self, index: int, token: int) -> None:
-        """A sampled token for slot `index`: send it, or finish the request."""
+    def _accept(self, index: int, token: int, *, fed: bool = False) -> None:
+        """A sampled (or tool-fed) token for slot `index`: send it, or finish the request."""
         slot = self._slots[index]
         request = slot.request
-        if token in request.config.stop_tokens:
+        step = request.tools.after(token) if request.tools is not None and not fed else None
+        finish = step.finish if step is not None else ("stop" if not fed and token in request.config.stop_tokens else None)
+        if finish is not None:
             request.stop_token = token
-            self._finish(index, "stop")
+            self._finish(index, finish)
             return
+        if step is not None:
+            slot.feed.extend(step.feed)
         request.tokens.append(token)
         request._send(token)
         slot.last = token

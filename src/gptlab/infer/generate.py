@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from gptlab.infer.gemv import single_row_matmuls
+from gptlab.infer.tool_loop import ToolTurn
 from gptlab.model import GPT, KVCache
 from gptlab.runtime import GptlabError
 
@@ -217,7 +219,7 @@ def last_logits(model: GPT, idx: torch.Tensor, **kwargs) -> torch.Tensor:
     return logits[:, -1]
 
 
-def cached_steps(model: GPT, prompts: list[list[int]], config: SamplingConfig, generator: torch.Generator) -> Iterator[torch.Tensor]:
+def cached_steps(model: GPT, prompts: list[list[int]], config: SamplingConfig, generator: torch.Generator) -> Generator[torch.Tensor, torch.Tensor | None, None]:
     """Prefill the left-padded batch once, then feed one token per step through the KV cache. Yields (B,) ids."""
     device, dtype = model_device_dtype(model)
     idx, pads = left_pad(prompts, device)
@@ -233,7 +235,8 @@ def cached_steps(model: GPT, prompts: list[list[int]], config: SamplingConfig, g
     lengths = T - pads  # (B,) real tokens per row: the position of the next token
     for step in range(new):
         token = sample_next(logits, config, generator)
-        yield token
+        fed = yield token  # a (B,) tensor from the caller when some rows feed tools' results instead (gptlab.infer.tool_loop)
+        token = token if fed is None else fed
         if step == new - 1:
             break
         if padded:
@@ -242,7 +245,7 @@ def cached_steps(model: GPT, prompts: list[list[int]], config: SamplingConfig, g
         logits = last_logits(model, token[:, None], cache=cache, positions=positions, mask=mask)
 
 
-def recomputed_steps(model: GPT, prompts: list[list[int]], config: SamplingConfig, generator: torch.Generator) -> Iterator[torch.Tensor]:
+def recomputed_steps(model: GPT, prompts: list[list[int]], config: SamplingConfig, generator: torch.Generator) -> Generator[torch.Tensor, torch.Tensor | None, None]:
     """The reference: each step reruns every row's whole sequence (cropped to block_size), alone and unpadded."""
     device, _ = model_device_dtype(model)
     block = model.config.block_size
@@ -250,27 +253,44 @@ def recomputed_steps(model: GPT, prompts: list[list[int]], config: SamplingConfi
     for _ in range(config.max_new_tokens):
         logits = torch.cat([last_logits(model, sequence[None, -block:]) for sequence in sequences])  # (B, vocab_size)
         token = sample_next(logits, config, generator)
-        yield token
+        fed = yield token
+        token = token if fed is None else fed
         sequences = [torch.cat([sequence, token[row : row + 1]]) for row, sequence in enumerate(sequences)]
 
 
-def _decode(model: GPT, steps: Iterator[torch.Tensor], rows: int, stop_tokens: tuple[int, ...]) -> Iterator[tuple[int, int]]:
-    """(row, token) for every new token until each row stops or runs out; eval mode meanwhile, restored after."""
+def _decode(model: GPT, steps: Generator[torch.Tensor, torch.Tensor | None, None], rows: int, stop_tokens: tuple[int, ...],
+            turns: Sequence[ToolTurn | None]) -> Iterator[tuple[int, int]]:
+    """(row, token) for every new token until each row stops or runs out; eval mode meanwhile, restored after.
+
+    A row with a turn (gptlab.infer.tool_loop) may feed ids in place of sampled ones: they are sent back into `steps`.
+    """
     was_training = model.training
     model.eval()
     stops = set(stop_tokens)
     finished = [False] * rows
+    feeds: list[deque[int]] = [deque() for _ in range(rows)]
     try:
-        for tokens in steps:
-            for row, token in enumerate(tokens.tolist()):
+        tokens = next(steps)
+        while True:
+            chosen = tokens.tolist()
+            for row, token in enumerate(chosen):
                 if finished[row]:
                     continue  # a finished row is still decoded with the batch; its tokens are dropped
-                if token in stops:
+                if feeds[row]:
+                    chosen[row] = feeds[row].popleft()
+                    yield row, chosen[row]
+                    continue
+                step = turns[row].after(token) if turns[row] is not None else None
+                if step is not None and step.finish is not None or step is None and token in stops:
                     finished[row] = True
-                else:
-                    yield row, token
+                    continue
+                feeds[row].extend(step.feed if step is not None else ())
+                yield row, token
             if all(finished):
                 break
+            tokens = steps.send(torch.tensor(chosen, device=tokens.device) if chosen != tokens.tolist() else None)
+    except StopIteration:
+        pass
     finally:
         steps.close()
         if was_training:
@@ -287,17 +307,21 @@ def stream(
     *,
     use_cache: bool = True,
     truncate: bool = False,
+    tools: Sequence[ToolTurn | None] | None = None,
 ) -> Iterator[tuple[int, int]]:
     """(row, token) pairs as tokens are produced, step by step (rows in order within a step).
 
     Same tokens as `generate`: stop tokens are not yielded. Input errors raise
     here, at the call, not at the first `next`. Stopping the iteration early
-    stops the decoding.
+    stops the decoding. `tools` holds a ToolTurn (or None) per prompt (gptlab.infer.tool_loop).
     """
     prompts = check_prompts(model, prompts, config, truncate)
+    turns = [None] * len(prompts) if tools is None else list(tools)
+    if len(turns) != len(prompts):
+        raise GptlabError(f"tools holds {len(turns)} turns for {len(prompts)} prompts; give one (or None) per prompt")
     device, _ = model_device_dtype(model)
     steps = (cached_steps if use_cache else recomputed_steps)(model, prompts, config, make_generator(config.seed, device))
-    return _decode(model, steps, len(prompts), config.stop_tokens)
+    return _decode(model, steps, len(prompts), config.stop_tokens, turns)
 
 
 def generate(
@@ -308,6 +332,7 @@ def generate(
     use_cache: bool = True,
     on_token: TokenCallback | None = None,
     truncate: bool = False,
+    tools: Sequence[ToolTurn | None] | None = None,
 ) -> list[list[int]]:
     """The new tokens of each prompt (prompt not included), up to `max_new_tokens` each.
 
@@ -316,9 +341,10 @@ def generate(
     token as it is produced. With the same prompts (batched alike) and seed,
     the result is the same with or without the cache. A prompt that does not
     fit the context with max_new_tokens raises, unless truncate=True, which
-    keeps its last (block_size - max_new_tokens) tokens.
+    keeps its last (block_size - max_new_tokens) tokens. With `tools` (a ToolTurn or None per prompt), a row's
+    tokens include the tools' results fed to it (gptlab.infer.tool_loop).
     """
-    tokens = stream(model, prompts, config, use_cache=use_cache, truncate=truncate)  # checks the prompts first
+    tokens = stream(model, prompts, config, use_cache=use_cache, truncate=truncate, tools=tools)  # checks the prompts first
     results: list[list[int]] = [[] for _ in prompts]
     for row, token in tokens:
         results[row].append(token)
