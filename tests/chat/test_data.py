@@ -8,6 +8,8 @@ import pytest
 
 from gptlab.chat import data
 from gptlab.chat.data import Mixture, MixtureConfig, Part, PartConfig, iter_conversations, parse_mixture, read_conversations
+from gptlab.chat.format import Conversation
+from gptlab.chat.tool_specs import CALCULATOR
 from gptlab.runtime import GptlabError
 
 
@@ -168,6 +170,60 @@ def test_read_task_builds_a_real_built_in_task_when_present():
     pytest.importorskip("gptlab.chat.tasks")
     mixture = Mixture.load(MixtureConfig.from_spec("task:arithmetic[n=30]", val_fraction=0.1))
     assert len(mixture) == 30 and mixture.reports[0].val == 3
+
+
+# ---------------------------------------------------------------- conversations that offer tools
+
+CALL = {"role": "assistant", "content": "", "tool_calls": [
+    {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "2 + 3"}'}}]}  # fmt: skip
+RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "5"}
+WAITS_FOR_TOOL_MESSAGES = pytest.mark.xfail(strict=True, reason="check_messages learns tool messages")
+
+
+def test_read_conversations_keeps_a_lines_tools_and_drops_unknown_message_fields(tmp_path):
+    path = tmp_path / "chats.jsonl"
+    calling = {"role": "assistant", "content": "Let me add.", "tool_calls": CALL["tool_calls"], "weight": 0}
+    write_jsonl(path, [{"messages": [*chat("2 + 3?")[:1], calling], "tools": [CALCULATOR]}, {"messages": chat("plain")},
+                       {"messages": chat("bad tools"), "tools": "calculator"}])  # fmt: skip
+    conversations, report = read_conversations(PartConfig(source=str(path)))
+    assert [c.tools for c in conversations] == [(CALCULATOR,), ()]
+    assert conversations[0] == [*chat("2 + 3?")[:1], {key: calling[key] for key in ("role", "content", "tool_calls")}]
+    assert report.skipped == 1 and '"tools" must be a list of declarations' in report.problems[0]
+
+
+def test_parse_conversation_keeps_the_tools_a_conversation_carries():
+    parsed = data.parse_conversation(Conversation(chat("hi"), tools=[{"type": "function"}]))
+    assert parsed == chat("hi") and parsed.tools == ({"type": "function"},)
+    assert data.parse_conversation(chat("hi"), [{"type": "function"}]).tools == ({"type": "function"},)
+
+
+@WAITS_FOR_TOOL_MESSAGES
+def test_read_conversations_keeps_tool_calls_and_tool_results(tmp_path):
+    path = tmp_path / "chats.jsonl"
+    messages = [chat("2 + 3?")[0], CALL, RESULT, {"role": "assistant", "content": "2 + 3 = 5"}]
+    write_jsonl(path, [{"messages": messages, "tools": [CALCULATOR]}])
+    conversations, _ = read_conversations(PartConfig(source=str(path)), on_error="refuse")
+    assert conversations == [messages] and conversations[0].tools == (CALCULATOR,)
+
+
+@WAITS_FOR_TOOL_MESSAGES
+@pytest.mark.parametrize("spec", ["task:word_problems[n=2000]", "task:arithmetic[n=50,digits=4,min_digits=3,ops=+*,tools=1]",
+                                  "task:compute[n=50]"])  # fmt: skip
+def test_mixture_load_keeps_a_tool_tasks_conversations_and_their_tools(spec):
+    from gptlab.chat.tasks import get_task
+
+    mixture = Mixture.load(MixtureConfig.from_spec(spec, val_fraction=0.01, on_error="refuse"))
+    part = parse_mixture(spec)[0]
+    task = get_task(part.source.removeprefix("task:"), **dict(part.task_options))
+    expected = [task.conversation(example) for example in task.examples("train", part.n)]
+    assert mixture.parts[0].conversations == expected
+    assert all(conversation.tools == task.toolbox for conversation in mixture.parts[0].conversations)
+    assert mixture.parts[0].conversations[0][2]["role"] == "tool"
+
+
+def test_mixture_load_reads_a_tool_task_without_tools_as_plain_conversations():
+    mixture = Mixture.load(MixtureConfig.from_spec("task:word_problems[n=40,tools=0]", on_error="refuse"))
+    assert len(mixture) == 40 and all(not c.tools and len(c) == 2 for c in mixture.parts[0].conversations)
 
 
 # ---------------------------------------------------------------- the mixture

@@ -4,9 +4,12 @@ A source is named by one string, like the data stage's:
 
     chats.jsonl  data/*.jsonl  chats/         JSONL in the OpenAI format, a conversation per line:
                                               {"messages": [{"role": "user", "content": "..."}, ...]}
+                                              and the tools it offers, if any (OpenAI's fine-tuning shape):
+                                              {"messages": [...], "tools": [{"type": "function", ...}]}
     hf:HuggingFaceTB/smol-smoltalk            a Hugging Face dataset's `messages` column (gptlab.data.sources)
     hf:/path/to/dataset                       a local dataset directory (parquet/jsonl files, or save_to_disk)
     task:arithmetic[n=5000]                   a built-in task (gptlab.chat.tasks): n examples of its train split
+    task:word_problems[n=2000]                a task whose replies call tools: each conversation carries its tools
 
 A mixture is comma-separated parts, each `SOURCE[OPTIONS][@EPOCHS]`:
 
@@ -32,6 +35,9 @@ the rules of gptlab.chat.format.check_messages) are named by file:line or datase
 on_error="skip" they are skipped and counted, the report showing the first few; with "refuse"
 the first one raises.
 
+A conversation is a gptlab.chat.format.Conversation: its messages keep role, content, an assistant's
+`tool_calls` and a tool result's `tool_call_id`, and its `tools` are the declarations it offers.
+
 Not here: rendering and batching (gptlab.chat.format, gptlab.chat.loader), the tasks themselves
 (gptlab.chat.tasks), document sources for pretraining (gptlab.data.sources).
 """
@@ -42,13 +48,13 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from gptlab.chat.format import check_messages
+from gptlab.chat.format import Conversation, check_messages
 from gptlab.data.sources import HuggingFaceSource, SourceOptions, find_files
 from gptlab.runtime import GptlabError
 
@@ -57,8 +63,7 @@ SHOWN_PROBLEMS = 5  # malformed conversations a report lists; the rest are only 
 SHOWN_REASONS = 3  # reasons an error for a mixture with no valid rows quotes; the rest are counted
 OPTIONS = ("n", "split", "column")
 _PART = re.compile(r"^(?P<source>[^\[\]@]+?)\s*(\[(?P<options>[^\]]*)\])?\s*(@(?P<epochs>[^@\[\]]+))?$")
-
-Conversation = list[dict]  # [{"role": ..., "content": ...}, ...]
+KEPT_FIELDS = ("role", "content", "tool_calls", "tool_call_id")  # of each message; others (e.g. "weight") are dropped
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -240,17 +245,27 @@ class RowReader:
         self.report.kept += 1
 
 
-def parse_conversation(messages: object) -> Conversation:
-    """The messages as a training conversation (role and content only), or GptlabError naming the problem."""
+def parse_conversation(messages: object, tools: object = ()) -> Conversation:
+    """The messages as a training Conversation offering `tools` (by default the tools `messages` carries, if it is
+    a Conversation), or GptlabError naming the problem. Each message keeps only KEPT_FIELDS."""
+    tools = tools or getattr(messages, "tools", ())
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence) or not all(isinstance(t, Mapping) for t in tools):
+        raise GptlabError(f'"tools" must be a list of declarations like {{"type": "function", "function": {{...}}}}, got {tools!r:.60}')
     check_messages(messages)  # type: ignore[arg-type]
-    return [{"role": m["role"], "content": m["content"]} for m in messages]  # type: ignore[union-attr]
+    kept = [{key: m[key] for key in KEPT_FIELDS if key in m} for m in messages]  # type: ignore[union-attr]
+    return Conversation(kept, tools=tools)
+
+
+def _parse_line(record: dict) -> Conversation:
+    """A JSONL line's conversation: its messages and the tools it offers."""
+    return parse_conversation(record["messages"], record.get("tools", ()))
 
 
 def read_conversations(part: PartConfig, *, on_error: str = "skip") -> tuple[list[Conversation], SourceReport]:
     """The valid conversations of a file or dataset part, in source order, and the report of what was skipped."""
     if on_error not in ON_ERROR:
         raise GptlabError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
-    reader = RowReader(part, on_error)
+    reader = RowReader(part, on_error, parse=_parse_line if part.kind == "files" else None)
     if part.kind == "task":
         raise GptlabError(f"{part.source} is a task: read it with read_task")
     if part.kind == "hf":
@@ -286,7 +301,7 @@ def _read_jsonl(path: Path, reader: RowReader) -> None:
             return
         if problem is None and (not isinstance(record, dict) or "messages" not in record):
             problem = 'no "messages" field (each line is {"messages": [{"role": ..., "content": ...}]})'
-        reader.add(where, None if problem else record["messages"], problem)
+        reader.add(where, None if problem else record, problem)
 
 
 def jsonl_records(path: Path) -> Iterator[tuple[str, object, str | None]]:

@@ -11,6 +11,23 @@ for SFT, and checks a model's response against the example's answer:
     task.verify(example, "I think it is 81.")  -> True   (the last number is read)
     task.reward(example, "80")                 -> 0.0
 
+A task that offers tools (its `toolbox`, declared in gptlab.chat.tool_specs, and its
+option `tools=1`) answers with tool calls: the example's `turns` are the assistant-side
+messages after the question, OpenAI's shape, and its conversation is a
+gptlab.chat.format.Conversation that carries the tools offered:
+
+    Arithmetic(digits=4, tools=1).conversation(example)
+        Conversation([{"role": "user", "content": "What is 1234 * 5678?"},
+                      {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function",
+                       "function": {"name": "calculator", "arguments": '{"expression": "1234 * 5678"}'}}]},
+                      {"role": "tool", "tool_call_id": "call_1", "content": "7006652"},
+                      {"role": "assistant", "content": "1234 * 5678 = 7006652"}], tools=[CALCULATOR])
+
+`reply` stays the final message's content and `answer` the canonical answer, so
+verifiers read the final message as they read any reply. Tool options never
+change what `make` draws: the questions, and so both splits, are the same with
+and without tools.
+
 Splits are fixed: each split draws from `random.Random("gptlab/<name>/<split>")`
 (a string seed is hashed with SHA-512 by `random`, never with the salted
 `hash()`, so every process and run sees the same examples). The test split is
@@ -27,12 +44,16 @@ responses with a model (gptlab.eval.chat).
 
 from __future__ import annotations
 
+import copy
 import functools
+import json
 import random
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import ClassVar
 
+from gptlab.chat.format import Conversation
 from gptlab.runtime import GptlabError
 
 SPLITS = ("train", "test")
@@ -45,6 +66,9 @@ class Example:
     question: str  # the user's message
     reply: str  # the assistant's full reply used for SFT (may show work, e.g. "23 + 58 = 81")
     answer: str  # the canonical final answer the verifier expects (e.g. "81")
+    # A tool-using reply's messages after the question: calls, tool results, then the final answer (content `reply`).
+    # Left out of the hash (its dicts cannot be hashed); equal examples still hash alike.
+    turns: tuple = field(default=(), hash=False)
 
 
 class Task:
@@ -53,6 +77,18 @@ class Task:
     name: ClassVar[str] = "task"
     test_size: ClassVar[int] = 500  # distinct questions held out in the test split
     generated: ClassVar[bool] = True  # examples drawn by make(rng), with no data to read; False: from a dataset (gsm8k)
+    toolbox: ClassVar[tuple[dict, ...]] = ()  # declarations of the tools its replies may call (gptlab.chat.tool_specs)
+    tools = 0  # a task with a toolbox makes this an option: 1 offers the toolbox and its replies call it
+
+    @property
+    def offered_tools(self) -> tuple[dict, ...]:
+        """The tool declarations its conversations offer: the toolbox when `tools` is on, else ()."""
+        return self.toolbox if self.tools else ()
+
+    @property
+    def offers_tools(self) -> bool:
+        """Whether its conversations offer tools (and its replies call them)."""
+        return bool(self.offered_tools)
 
     def make(self, rng: random.Random) -> Example:
         """One example drawn with `rng` (the only source of randomness, so splits are reproducible)."""
@@ -67,8 +103,17 @@ class Task:
         return 1.0 if self.verify(example, response) else 0.0
 
     def conversation(self, example: Example) -> list[dict]:
-        """The example as a user question and the assistant's reply: a conversation for ChatFormat.render."""
-        return [{"role": "user", "content": example.question}, {"role": "assistant", "content": example.reply}]
+        """The example as a user question and the assistant's reply: a conversation for ChatFormat.render; with
+        tools, a Conversation of the question, the example's turns (copies: callers may edit them) and the tools."""
+        if not self.offers_tools:
+            return [*self.prompt(example), {"role": "assistant", "content": example.reply}]
+        turns = copy.deepcopy(example.turns) or ({"role": "assistant", "content": example.reply},)
+        return Conversation([*self.prompt(example), *turns], tools=self.offered_tools)
+
+    def prompt(self, example: Example) -> list[dict]:
+        """The conversation up to the assistant's reply: the user's question (a Conversation with its tools)."""
+        question = [{"role": "user", "content": example.question}]
+        return Conversation(question, tools=self.offered_tools) if self.offers_tools else question
 
     def examples(self, split: str, n: int) -> list[Example]:
         """The first n examples of a split ("train" or "test"); the same list in every process and run."""
@@ -111,6 +156,26 @@ class Task:
         if len(found) == n:
             return found
         raise GptlabError(f"{self!r} drew only {len(found)} train examples outside its test split; make the task harder")
+
+
+def tool_turns(calls: Sequence[tuple[str, dict, str]], final: str) -> tuple[dict, ...]:
+    """The turns of a tool-using reply: for each (tool, arguments, result) an assistant message calling the tool
+    (ids call_1, call_2, ... in order) and the tool's result, then the final answer `final`.
+
+        tool_turns([("calculator", {"expression": "2 + 3"}, "5")], "2 + 3 = 5")
+        ({"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function",
+          "function": {"name": "calculator", "arguments": '{"expression": "2 + 3"}'}}]},
+         {"role": "tool", "tool_call_id": "call_1", "content": "5"},
+         {"role": "assistant", "content": "2 + 3 = 5"})
+    """
+    turns: list[dict] = []
+    for number, (tool, arguments, result) in enumerate(calls, start=1):
+        call = {"id": f"call_{number}", "type": "function",
+                "function": {"name": tool, "arguments": json.dumps(arguments, ensure_ascii=False)}}  # fmt: skip
+        turns.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        turns.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+    turns.append({"role": "assistant", "content": final})
+    return tuple(turns)
 
 
 def last_integer(response: str) -> int | None:
