@@ -177,17 +177,17 @@ def test_read_task_builds_a_real_built_in_task_when_present():
 CALL = {"role": "assistant", "content": "", "tool_calls": [
     {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "2 + 3"}'}}]}  # fmt: skip
 RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "5"}
-WAITS_FOR_TOOL_MESSAGES = pytest.mark.xfail(strict=True, reason="check_messages learns tool messages")
 
 
 def test_read_conversations_keeps_a_lines_tools_and_drops_unknown_message_fields(tmp_path):
     path = tmp_path / "chats.jsonl"
     calling = {"role": "assistant", "content": "Let me add.", "tool_calls": CALL["tool_calls"], "weight": 0}
-    write_jsonl(path, [{"messages": [*chat("2 + 3?")[:1], calling], "tools": [CALCULATOR]}, {"messages": chat("plain")},
+    answer = {"role": "assistant", "content": "5"}
+    write_jsonl(path, [{"messages": [*chat("2 + 3?")[:1], calling, RESULT, answer], "tools": [CALCULATOR]}, {"messages": chat("plain")},
                        {"messages": chat("bad tools"), "tools": "calculator"}])  # fmt: skip
     conversations, report = read_conversations(PartConfig(source=str(path)))
     assert [c.tools for c in conversations] == [(CALCULATOR,), ()]
-    assert conversations[0] == [*chat("2 + 3?")[:1], {key: calling[key] for key in ("role", "content", "tool_calls")}]
+    assert conversations[0] == [*chat("2 + 3?")[:1], {key: calling[key] for key in ("role", "content", "tool_calls")}, RESULT, answer]
     assert report.skipped == 1 and '"tools" must be a list of declarations' in report.problems[0]
 
 
@@ -197,7 +197,6 @@ def test_parse_conversation_keeps_the_tools_a_conversation_carries():
     assert data.parse_conversation(chat("hi"), [{"type": "function"}]).tools == ({"type": "function"},)
 
 
-@WAITS_FOR_TOOL_MESSAGES
 def test_read_conversations_keeps_tool_calls_and_tool_results(tmp_path):
     path = tmp_path / "chats.jsonl"
     messages = [chat("2 + 3?")[0], CALL, RESULT, {"role": "assistant", "content": "2 + 3 = 5"}]
@@ -206,7 +205,6 @@ def test_read_conversations_keeps_tool_calls_and_tool_results(tmp_path):
     assert conversations == [messages] and conversations[0].tools == (CALCULATOR,)
 
 
-@WAITS_FOR_TOOL_MESSAGES
 @pytest.mark.parametrize("spec", ["task:word_problems[n=2000]", "task:arithmetic[n=50,digits=4,min_digits=3,ops=+*,tools=1]",
                                   "task:compute[n=50]"])  # fmt: skip
 def test_mixture_load_keeps_a_tool_tasks_conversations_and_their_tools(spec):
