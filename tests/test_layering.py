@@ -22,10 +22,11 @@ ALLOWED = {
     "runs": {"runtime", "model"},
     "parallel": {"runtime"},
     "train": {"runtime", "model", "data", "eval", "runs", "parallel", "load"},
-    "align": {"runtime", "train", "chat", "infer", "eval", "model", "data", "load"},
+    "align": {"runtime", "train", "chat", "infer", "eval", "model", "data", "load", "tools"},
     "curate": {"runtime", "data"},
     "scaling": {"runtime", "train", "model", "data", "runs", "load"},  # runs: a run's metrics.jsonl, pyplot on Agg
-    "serve": {"runtime", "infer", "chat", "model", "tokenizer", "load"},
+    "serve": {"runtime", "infer", "chat", "model", "tokenizer", "load", "tools"},
+    "tools": {"runtime", "eval", "chat", "tokenizer", "infer", "load"},  # tools a chat model calls; python runs in eval's sandbox
     "export": {"runtime", "model", "tokenizer", "chat", "load"},
     "cli": {"*"},
     "pipeline": {"*"},
@@ -65,7 +66,8 @@ def test_layering_every_import_follows_the_stage_graph():
 
 
 @pytest.mark.parametrize("modules", ["gptlab.tokenizer, gptlab.tokenizer.train, gptlab.tokenizer.formats",
-                                     "gptlab.curate.pipeline, gptlab.curate.config, gptlab.curate.datatrove_steps"])
+                                     "gptlab.curate.pipeline, gptlab.curate.config, gptlab.curate.datatrove_steps",
+                                     "gptlab.tools, gptlab.tools.registry, gptlab.tools.worker"])
 def test_stages_without_torch_import_without_torch(modules):
     code = f"import sys, {modules}; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

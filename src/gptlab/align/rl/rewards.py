@@ -42,13 +42,10 @@ their verifiers (gptlab.chat.tasks).
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import importlib.util
 import inspect
 import math
 import numbers
-import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -56,6 +53,7 @@ from pathlib import Path
 
 from gptlab.chat.tasks import Example, Task
 from gptlab.runtime import GptlabError
+from gptlab.runtime.user_code import first_line, load_module_from_file, public_functions
 
 RewardFn = Callable[..., list]  # fn(prompts=[...], completions=[...], **columns) -> [float | None, ...]
 VERIFIER = "verifier"
@@ -99,33 +97,15 @@ def load_reward(spec: str) -> RewardFn:
     if not colon or not where.strip() or not name.strip():
         raise GptlabError(f"reward {spec!r}: write path/to/file.py:function, package.module:function or {VERIFIER!r}")
     where, name = where.strip(), name.strip()
-    module = _load_file(spec, Path(where)) if where.endswith(".py") or "/" in where or "\\" in where else _import(spec, where)
+    is_file = where.endswith(".py") or "/" in where or "\\" in where
+    module = load_module_from_file(where, f"reward {spec!r}") if is_file else _import(spec, where)
     if not hasattr(module, name):
-        defined = sorted(key for key, value in vars(module).items()
-                         if inspect.isfunction(value) and value.__module__ == module.__name__ and not key.startswith("_"))
+        defined = sorted(public_functions(module))
         raise GptlabError(f"reward {spec!r}: {where} has no {name!r} (it defines: {', '.join(defined) or 'no functions'})")
     function = getattr(module, name)
     if not callable(function):
         raise GptlabError(f"reward {spec!r}: {name} is a {type(function).__name__}, not a function; name a function there")
     return function
-
-
-def _load_file(spec: str, path: Path):
-    """The module run from a .py file, under a name made from its path (so two files called rewards.py differ)."""
-    if not path.is_file():
-        raise GptlabError(f"reward {spec!r}: file {path} not found; give the path of a .py file (relative to {Path.cwd()})")
-    resolved = path.resolve()
-    module_name = f"gptlab_rewards_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:8]}"
-    module_spec = importlib.util.spec_from_file_location(module_name, resolved)
-    assert module_spec is not None and module_spec.loader is not None  # a .py path always has a source loader
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_name] = module  # dataclasses and pickle look the module up while it runs
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as error:
-        del sys.modules[module_name]
-        raise GptlabError(f"reward {spec!r}: running {path} raised {type(error).__name__}: {_first_line(error)}; fix the file") from None
-    return module
 
 
 def _import(spec: str, module_name: str):
@@ -137,14 +117,9 @@ def _import(spec: str, module_name: str):
                 f"reward {spec!r}: no module named {error.name!r}; give a file as path/to/file.py:function, "
                 "or install the package that holds the module"
             ) from None
-        raise GptlabError(f"reward {spec!r}: importing {module_name} raised ModuleNotFoundError: {_first_line(error)}") from None
+        raise GptlabError(f"reward {spec!r}: importing {module_name} raised ModuleNotFoundError: {first_line(error)}") from None
     except Exception as error:
-        raise GptlabError(f"reward {spec!r}: importing {module_name} raised {type(error).__name__}: {_first_line(error)}") from None
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else "(no message)"
+        raise GptlabError(f"reward {spec!r}: importing {module_name} raised {type(error).__name__}: {first_line(error)}") from None
 
 
 # ---------------------------------------------------------------- several rewards, weighted
@@ -302,7 +277,7 @@ def _call(reward: Reward, prompts: list, completions: list, columns: dict) -> ob
         if getattr(reward.function, "__module__", None) == __name__:
             raise
         raise GptlabError(f"reward {reward.name} ({_where_raised(reward.function, error)}) raised "
-                          f"{type(error).__name__}: {_first_line(error)}; fix the function") from None
+                          f"{type(error).__name__}: {first_line(error)}; fix the function") from None
 
 
 def _where_raised(function: Callable, error: Exception) -> str:
