@@ -11,16 +11,18 @@ Not here: the format itself (gptlab.chat.format), generation (gptlab.infer).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gptlab.chat.format import ChatFormat, Message
 from gptlab.runtime import GptlabError
 
 
-def fit_context(chat_format: ChatFormat, messages: Sequence[Message], room: int) -> tuple[list[Message], int]:
+def fit_context(chat_format: ChatFormat, messages: Sequence[Message], room: int, *,
+                tools: Sequence[Mapping] | None = None) -> tuple[list[Message], int]:
     """(messages, how many were dropped): the newest turns whose generation prompt is at most `room` tokens.
 
-    Raises GptlabError when even the system message and the newest user message alone do not fit.
+    A turn's tool calls and results go with it. Raises GptlabError when even the system message and the newest
+    user message alone (with the tools block, if `tools`) do not fit.
     """
     messages = list(messages)
     start = 1 if messages and messages[0].get("role") == "system" else 0
@@ -29,7 +31,7 @@ def fit_context(chat_format: ChatFormat, messages: Sequence[Message], room: int)
     cuts = [n for n in range(start, len(messages)) if messages[n].get("role") == "user"] or [start]
     for cut in cuts:
         kept = head + messages[cut:]
-        length = len(chat_format.prompt(kept))
+        length = len(chat_format.prompt(kept, tools=tools))
         if length <= room:
             return kept, cut - start
     raise GptlabError(

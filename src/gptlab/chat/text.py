@@ -41,3 +41,25 @@ class TextStream:
     def flush(self) -> str:
         """Whatever is left: an incomplete character at the end becomes U+FFFD."""
         return self.decoder.decode(b"", final=True)
+
+
+class ReplyView:
+    """The text of a reply with tool calls as a reader sees it: the assistant's words, not its calls (`<|call|>` up to
+    `<|end|>`) nor what the tools fed back (up to the next `<|assistant|>`), which are shown apart."""
+
+    def __init__(self, chat_format) -> None:
+        self.chat = chat_format
+        self.text = TextStream(chat_format.tokenizer)
+        self.showing = True
+
+    def add(self, token: int) -> str:
+        if token in (self.chat.call, self.chat.end):
+            self.showing = False
+            return ""
+        if token == self.chat.role_ids["assistant"]:
+            self.showing = True
+            return ""
+        return self.text.add(token) if self.showing else ""
+
+    def flush(self) -> str:
+        return self.text.flush()

@@ -26,7 +26,16 @@ import argparse
 import sys
 from dataclasses import dataclass, field
 
-from gptlab.cli.common import DEVICE_HELP, add_decoding_arguments, add_model_argument, load_for_decoding, positive
+from gptlab.cli.common import (
+    DEVICE_HELP,
+    add_decoding_arguments,
+    add_model_argument,
+    add_tool_arguments,
+    check_tool_tokens,
+    load_for_decoding,
+    load_toolbox,
+    positive,
+)
 from gptlab.runtime import GptlabError
 
 PROMPT = ">>> "
@@ -54,6 +63,7 @@ def register(stages) -> None:
     parser.add_argument("--seed", type=int, help="seed for reproducible replies: reply k uses seed + k (default: random)")
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
     add_decoding_arguments(parser)
+    add_tool_arguments(parser)
     parser.add_argument("--best-of", type=int, default=1, metavar="N",
                         help="sample N replies per turn and show the one --reward scores highest (default 1)")
     parser.add_argument("--reward", metavar="SPEC", help="what --best-of picks by: rm:DIR (a reward model), judge:URL, "
@@ -75,6 +85,7 @@ class Session:
     reward: object = None  # a gptlab.align.rl.best_of.BestOfReward: replies are chosen by it (None: plain sampling)
     draft: object = None  # a draft GPT for speculative decoding (--draft; None: the model alone)
     draft_tokens: int = 4  # tokens the draft guesses per step (--draft-tokens)
+    toolbox: object = None  # a gptlab.tools.Toolbox the model may call (--tools; None: no tools)
 
     def sampling(self, **changes):
         """The SamplingConfig for the next reply (checked: a bad setting raises GptlabError)."""
@@ -104,10 +115,15 @@ class Session:
 
         config = self.sampling()
         block = self.model.config.block_size
-        messages, dropped = fit_context(self.chat_format, self.conversation(text), block - config.max_new_tokens)
+        tools = self.toolbox.specs() if self.toolbox is not None else None
+        messages, dropped = fit_context(self.chat_format, self.conversation(text), block - config.max_new_tokens, tools=tools)
         if dropped:
             note(f"(dropped the oldest {dropped} message{'s' * (dropped > 1)} to fit the model's context of {block} tokens)")
         tokenizer = self.chat_format.tokenizer
+        kept = messages[1:] if self.system else messages
+        if self.toolbox is not None:
+            self.keep(kept, self.tool_reply(messages, config, write))
+            return
         if self.reward is not None:
             content = self.best_reply(messages, config, write)
         else:
@@ -131,12 +147,51 @@ class Session:
             else:
                 write(text_stream.flush() + "\n")
             content = tokenizer.decode(reply)
-        kept = messages[1:] if self.system else messages
         if content.strip():
             self.messages = [*kept, {"role": "assistant", "content": content}]
         else:  # an empty message is not a valid turn: leave the exchange out
             self.messages = kept[:-1]
             note("(empty reply: this exchange is not kept in the conversation)")
+
+    def tool_reply(self, messages: list[dict], config, write) -> list[dict]:
+        """The reply with the tools running as it is generated: its words streamed, each call shown on a dim line with
+        its result; returns the reply's messages (calls, results, the answer) for the conversation."""
+        from gptlab.chat.text import ReplyView
+        from gptlab.infer import stream
+        from gptlab.tools.turn import ToolTurn, reply_messages
+
+        dim, plain = ("\033[2m", "\033[0m") if sys.stdout.isatty() else ("", "")
+        turn = ToolTurn(self.chat_format, self.toolbox, on_run=lambda run: write(f"{dim}[{run.describe()}]{plain}\n"))
+        tokens = stream(self.model, [self.chat_format.prompt(messages, tools=self.toolbox.specs())], config, tools=[turn])
+        self.replies += 1
+        view, reply = ReplyView(self.chat_format), []
+        try:
+            for _, token in tokens:
+                reply.append(token)
+                write(view.add(token))
+        except KeyboardInterrupt:
+            tokens.close()
+            note("(stopped)")
+        write(view.flush() + "\n")
+        return reply_messages(self.chat_format, reply)
+
+    def keep(self, kept: list[dict], reply: list[dict]) -> None:
+        """The conversation with a tool reply's messages after `kept`, or without the exchange if they would not
+        render as a conversation (cut off inside a call, or no answer after the results)."""
+        from gptlab.chat.messages import check_messages
+
+        while reply and reply[-1]["role"] == "assistant" and not reply[-1]["content"].strip() and "tool_calls" not in reply[-1]:
+            reply.pop()
+        finished = bool(reply) and reply[-1]["role"] == "assistant" and "tool_calls" not in reply[-1]
+        try:
+            check_messages([*kept, *reply])
+        except GptlabError:
+            finished = False
+        if not finished:
+            self.messages = kept[:-1]
+            note("(the reply did not finish its answer: this exchange is not kept in the conversation)")
+            return
+        self.messages = [*kept, *reply]
 
     def best_reply(self, messages: list[dict], config, write) -> str:
         """The best of `best_of` candidate replies by the reward, written once chosen, with its scores under it in dim."""
@@ -202,24 +257,30 @@ def run_chat(args: argparse.Namespace) -> int:
     from gptlab.chat import ChatFormat
 
     reward = best_of_reward(args.best_of, args.reward, where="`gptlab chat` (a conversation, no known answer)")  # before the model: a bad spec costs no compute
+    toolbox = load_toolbox(args)
+    if toolbox is not None and (args.best_of > 1 or args.draft):
+        raise GptlabError("--tools runs with plain sampling: leave out --best-of and --draft")
     model, tokenizer, draft = load_for_decoding(args)
     try:
         chat_format = ChatFormat(tokenizer)
     except GptlabError:
         raise GptlabError(f"{args.checkpoint} is not a chat model: its tokenizer has no chat tokens (<|user|>, "
                           "<|assistant|>, <|end|>); fine-tune it with `gptlab sft` first") from None
+    if toolbox is not None:
+        check_tool_tokens(args, tokenizer)
     block = model.config.block_size
     max_tokens = args.max_tokens if args.max_tokens is not None else min(512, block // 2)
     settings = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                 "max_tokens": max_tokens, "seed": args.seed}
     session = Session(model, chat_format, settings, system=args.system or None, best_of=args.best_of, reward=reward,
-                      draft=draft, draft_tokens=args.draft_tokens)
+                      draft=draft, draft_tokens=args.draft_tokens, toolbox=toolbox)
     session.sampling()  # a bad flag is one error line before the session starts
     interactive = sys.stdin.isatty()
     if interactive:
         import readline  # noqa: F401  line editing and history for input()
 
-        note(f"chatting with {args.checkpoint} (context {block} tokens); /help for commands, Ctrl-D to leave")
+        tools = f", tools: {', '.join(toolbox.names)}" if toolbox is not None else ""
+        note(f"chatting with {args.checkpoint} (context {block} tokens{tools}); /help for commands, Ctrl-D to leave")
     return converse(session, interactive)
 
 

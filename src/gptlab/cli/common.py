@@ -39,6 +39,42 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     add_draft_arguments(parser)
 
 
+TOOLS_HELP = ("tools the model may call while it answers: calculator, python (a sandbox), path/to/tools.py (its "
+              "public functions) or path/to/tools.py:function, comma-separated")
+
+
+def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
+    """--tools SPEC --tool-calls N --tool-seconds S: tools that run while the model generates (gptlab.tools)."""
+    parser.add_argument("--tools", metavar="SPEC", help=TOOLS_HELP)
+    parser.add_argument("--tool-calls", type=positive, default=8, metavar="N", help="most tool calls per reply (default 8)")
+    parser.add_argument("--tool-seconds", type=float, default=20.0, metavar="S",
+                        help="most seconds all tool calls of one reply may take, each at most half (default 20)")
+
+
+def load_toolbox(args: argparse.Namespace):
+    """The Toolbox --tools names, or None without it: loaded before the model, so a bad spec costs no loading."""
+    if not getattr(args, "tools", None):
+        return None
+    from gptlab.tools import ToolLimits, load_tools
+
+    limits = ToolLimits(max_calls=args.tool_calls, seconds=args.tool_seconds, call_seconds=args.tool_seconds / 2)
+    return load_tools(args.tools, limits)
+
+
+def check_tool_tokens(args: argparse.Namespace, tokenizer) -> None:
+    """One error line when --tools is given for a model whose tokenizer lacks the tool tokens."""
+    from gptlab.chat import ChatFormat
+    from gptlab.runtime import GptlabError
+
+    try:
+        supported = ChatFormat(tokenizer).supports_tools
+    except GptlabError:
+        supported = False
+    if not supported:
+        raise GptlabError(f"--tools needs a chat model with the tool tokens, and {args.checkpoint}'s tokenizer lacks them: "
+                          "fine-tune it with `gptlab sft` (which adds them) on conversations with tool calls")
+
+
 def load_for_decoding(args: argparse.Namespace):
     """(model, tokenizer, draft or None) as --checkpoint, --device, --quantize, --tokenizer and --draft ask
     (gptlab.load.decoding)."""

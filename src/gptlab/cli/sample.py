@@ -12,6 +12,10 @@ candidate j seeded with seed + k·N + j, so N = 1 is plain sampling), scored by 
 against the candidates' mean, min and max. With --task NAME the prompts are the first
 --num-samples questions of the task's test split, rendered for a chat model, and
 `--reward verifier` checks each candidate's answer.
+
+With --tools SPEC a chat model's calls run as it generates (gptlab.tools): the sample shows the whole transcript,
+each `<|call|>...<|end|>` followed by the `<|tool|>` result fed back and the model's answer after it; with --task
+the questions are rendered offering those tools.
 """
 
 from __future__ import annotations
@@ -19,7 +23,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gptlab.cli.common import DEVICE_HELP, add_decoding_arguments, add_model_argument, load_for_decoding
+from gptlab.cli.common import (
+    DEVICE_HELP,
+    add_decoding_arguments,
+    add_model_argument,
+    add_tool_arguments,
+    check_tool_tokens,
+    load_for_decoding,
+    load_toolbox,
+)
 from gptlab.runtime import GptlabError
 
 DEFAULT_NEW_TOKENS = 256
@@ -44,6 +56,7 @@ def register(stages) -> None:
     parser.add_argument("--seed", type=int, help="seed for reproducible samples (default: random)")
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
     add_decoding_arguments(parser)
+    add_tool_arguments(parser)
     parser.add_argument("--num-samples", type=int, default=1, metavar="N", help="samples to draw (default 1)")
     parser.add_argument("--best-of", type=int, default=1, metavar="N",
                         help="draw N candidates per sample and print the one --reward scores highest (default 1)")
@@ -58,13 +71,19 @@ def run_sample(args: argparse.Namespace) -> int:
     if args.num_samples < 1:
         raise GptlabError(f"--num-samples must be at least 1, got {args.num_samples}")
     reward = load_reward(args)  # before the model: a bad spec costs no compute
+    toolbox = load_toolbox(args)
+    if toolbox is not None and (reward is not None or args.draft):
+        raise GptlabError("--tools runs with plain sampling: leave out --best-of/--reward and --draft")
     model, tokenizer, draft = load_for_decoding(args)
+    if toolbox is not None:
+        check_tool_tokens(args, tokenizer)
     decoder = None
     if draft is not None and reward is None:
         from gptlab.infer.speculative import SpeculativeDecoder
 
         decoder = SpeculativeDecoder(model, draft, args.draft_tokens)
-    prompts, stop_tokens = task_prompts(args, tokenizer) if args.task else text_prompts(args, tokenizer)
+    specs = toolbox.specs() if toolbox is not None else None
+    prompts, stop_tokens = task_prompts(args, tokenizer, specs) if args.task else text_prompts(args, tokenizer)
     engine = None
     try:
         for k, (shown, ids, example) in enumerate(prompts):
@@ -76,7 +95,7 @@ def run_sample(args: argparse.Namespace) -> int:
                 print(SEPARATOR)
             write(shown)
             if reward is None:
-                stream_sample(model, tokenizer, ids, config, decoder)
+                stream_sample(model, tokenizer, ids, config, decoder, tool_turn(tokenizer, toolbox))
                 continue
             from gptlab.align.rl.best_of import best_of_reply
             from gptlab.infer import Engine, EngineConfig
@@ -125,7 +144,17 @@ def text_prompts(args: argparse.Namespace, tokenizer) -> tuple[list, tuple[int, 
     return [(args.prompt, ids, None)] * args.num_samples, stops
 
 
-def task_prompts(args: argparse.Namespace, tokenizer) -> tuple[list, tuple[int, ...]]:
+def tool_turn(tokenizer, toolbox):
+    """A fresh tool loop for one sample (gptlab.tools.turn), or None without --tools."""
+    if toolbox is None:
+        return None
+    from gptlab.chat import ChatFormat
+    from gptlab.tools.turn import ToolTurn
+
+    return ToolTurn(ChatFormat(tokenizer), toolbox)
+
+
+def task_prompts(args: argparse.Namespace, tokenizer, tools: list | None = None) -> tuple[list, tuple[int, ...]]:
     """The task's first --num-samples test questions as chat prompts: (question line, ids, example), and the chat stop tokens."""
     from gptlab.align.rl.best_of import task_questions
     from gptlab.chat import ChatFormat
@@ -136,7 +165,8 @@ def task_prompts(args: argparse.Namespace, tokenizer) -> tuple[list, tuple[int, 
         raise GptlabError(f"--task needs a chat model, and {args.checkpoint}'s tokenizer has no chat tokens; fine-tune it "
                           "with `gptlab sft` first, or give --prompt TEXT") from None
     _, examples = task_questions(args.task, args.num_samples)
-    prompts = [(example.question + "\n", chat.prompt([{"role": "user", "content": example.question}]), example) for example in examples]
+    prompts = [(example.question + "\n", chat.prompt([{"role": "user", "content": example.question}], tools=tools), example)
+               for example in examples]
     return prompts, chat.stop_tokens
 
 
@@ -151,8 +181,9 @@ def new_tokens(args: argparse.Namespace, ids: list[int], block: int) -> int:
     return new
 
 
-def stream_sample(model, tokenizer, ids: list[int], config, decoder=None) -> None:
-    """One sample written as its tokens arrive (through the speculative `decoder` when --draft is given)."""
+def stream_sample(model, tokenizer, ids: list[int], config, decoder=None, turn=None) -> None:
+    """One sample written as its tokens arrive (through the speculative `decoder` when --draft is given; with the
+    tool loop `turn`, tools' results included)."""
     from gptlab.chat.text import TextStream
     from gptlab.infer import stream
 
@@ -161,7 +192,7 @@ def stream_sample(model, tokenizer, ids: list[int], config, decoder=None) -> Non
     text = TextStream(tokenizer)
     for token in ids:
         text.add(token)
-    tokens = decoder.stream(ids, config) if decoder is not None else (token for _, token in stream(model, [ids], config))
+    tokens = decoder.stream(ids, config) if decoder is not None else (token for _, token in stream(model, [ids], config, tools=[turn]))
     for token in tokens:
         write(text.add(token))
     write(text.flush() + "\n")
