@@ -96,6 +96,43 @@ def chat_model(prepared, tmp_path_factory):
     return folder
 
 
+TOOL_QUESTIONS = 8  # the tool model's training questions: 2-digit products, the first of the arithmetic task's train split
+
+
+@pytest.fixture(scope="session")
+def tool_model(prepared, tmp_path_factory):
+    """A tiny chat model folder trained (seconds, by heart) to answer its TOOL_QUESTIONS through the calculator:
+    `<|call|>calculator {"expression": "a * b"}<|end|>`, then the result it is fed. What the tool loop's front ends
+    (gptlab chat, the server, the web chat) need to see a real call from a real model."""
+    import torch
+
+    from gptlab.chat import ChatFormat, add_chat_tokens
+    from gptlab.chat.tasks import Arithmetic
+    from gptlab.model import GPT, preset
+    from gptlab.model.io import save_model
+    from gptlab.tokenizer import Tokenizer
+
+    folder = tmp_path_factory.mktemp("tool_model")
+    tokenizer = add_chat_tokens(Tokenizer.load(prepared / "tokenizer"))
+    chat = ChatFormat(tokenizer)
+    task = Arithmetic(digits=2, ops="*", tools=1, work=0)
+    rendered = [chat.render(task.conversation(example)) for example in task.examples("train", TOOL_QUESTIONS)]
+    width = max(len(r.ids) for r in rendered)
+    x = torch.tensor([r.ids[:-1] + [0] * (width - len(r.ids)) for r in rendered])
+    y = torch.tensor([[i if m else -100 for i, m in zip(r.ids[1:], r.mask[1:])] + [-100] * (width - len(r.ids)) for r in rendered])
+    torch.manual_seed(0)
+    model = GPT(preset("gpt2-tiny", vocab_size=tokenizer.vocab_size, block_size=256))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(300):
+        _, loss = model(x, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    save_model(model.eval(), folder)
+    tokenizer.save(folder / "tokenizer")
+    return folder
+
+
 @pytest.fixture(scope="session")
 def hf_modules_cache(tmp_path_factory):
     """transformers copies a folder's modeling code (trust_remote_code) into HF_MODULES_CACHE before importing it as

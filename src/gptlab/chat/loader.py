@@ -129,7 +129,8 @@ class ConversationLoader:
         part, index = self.mixture.order(key[0])[key[1]]
         messages = self.mixture.get(int(part), int(index))
         rendered = self.format.render(messages)
-        fitted, truncated = fit_conversation(rendered, [m["role"] for m in messages], self.config.seq_len + 1, self.format.end)
+        roles = ["tools"] * bool(getattr(messages, "tools", ())) + [m["role"] for m in messages]  # a tools block ends with <|end|> too
+        fitted, truncated = fit_conversation(rendered, roles, self.config.seq_len + 1, self.format.end)
         if fitted is None:
             return None
         return _Item(key, fitted.ids, fitted.mask, truncated)
