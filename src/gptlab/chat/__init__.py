@@ -5,7 +5,6 @@ from gptlab.chat.format import (
     CHAT_TOKENS,
     END,
     ROLE_TOKENS,
-    ROLES,
     TOOL_TOKENS,
     ChatFormat,
     Conversation,
@@ -14,6 +13,7 @@ from gptlab.chat.format import (
     chat_template,
     check_messages,
 )
+from gptlab.chat.messages import ROLES
 
 __all__ = ["CALL", "CHAT_TOKENS", "END", "ROLES", "ROLE_TOKENS", "TOOL_TOKENS", "ChatFormat", "Conversation", "Rendered", "add_chat_tokens",
            "chat_template", "check_messages"]

@@ -37,7 +37,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gptlab.chat.messages import ROLES, Message, call_function, check_messages, check_tools
+from gptlab.chat.messages import Message, call_function, check_messages, check_tools
 from gptlab.runtime import GptlabError
 from gptlab.tokenizer import Tokenizer
 
