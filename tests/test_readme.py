@@ -160,6 +160,7 @@ RUNS: dict[str, Scale] = {
     EXPORT: Scale(),
     # inference
     "gptlab serve runs/shakespeare/sft --quantize int8 --prefix-cache-mb 64": Scale(serve=True),
+    "gptlab serve runs/shakespeare/sft --tools calculator --tool-calls 4 --tool-seconds 10": Scale(serve=True),
     DRAFT: Scale(extra=TRAIN_SMALL),
     "gptlab sample --checkpoint runs/shakespeare --prompt \"ROMEO:\" --temperature 0 --draft runs/draft --draft-tokens 4": Scale(
         extra=("--max-new-tokens", "8"), needs=(DRAFT,)),
@@ -272,6 +273,8 @@ ELSEWHERE: dict[str, str] = {
     "torchrun --nproc_per_node=8 -m gptlab.cli.main rm": GPU + " and " + NETWORK,
     "torchrun --nproc_per_node=8 -m gptlab.cli.main ppo": GPU + " and " + NETWORK,
     "gptlab rm-score runs/rm-uf": "needs a GPU, " + NETWORK + ", and the reward model the line above it trains",
+    "import json\n\nimport openai": "a client of a running `gptlab serve` (the command above it); tests/serve/test_tools_serve.py "
+                                   "runs this loop with the openai client against a live server and the model trained to call",
 }
 
 

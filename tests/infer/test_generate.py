@@ -308,7 +308,7 @@ def test_cli_sample_holds_back_partial_utf8_characters(checkpoint, monkeypatch):
     directory, _, tokenizer = checkpoint
     text = "é世"  # 2 + 3 bytes, produced one byte token at a time (byte b has id b in a trained tokenizer)
     byte_tokens = list(text.encode("utf-8"))
-    monkeypatch.setattr(gptlab.infer, "stream", lambda model, prompts, config: ((0, token) for token in byte_tokens))
+    monkeypatch.setattr(gptlab.infer, "stream", lambda model, prompts, config, **options: ((0, token) for token in byte_tokens))
     chunks = []
     monkeypatch.setattr(cli_sample, "write", chunks.append)
     assert main(["sample", "--checkpoint", str(directory), "--prompt", "hi"]) == 0

@@ -23,10 +23,10 @@ def reference_reply(folder, messages, max_tokens=MAX_TOKENS) -> str:
     return chat_reference.reference_reply(folder, messages, max_tokens)
 
 
-def start_server(model: Path) -> tuple[subprocess.Popen, str]:
-    """`gptlab serve MODEL --port 0` and the page's address, read from the line the server prints when it listens."""
+def start_server(model: Path, *options: str) -> tuple[subprocess.Popen, str]:
+    """`gptlab serve MODEL --port 0 OPTIONS` and the page's address, read from the line the server prints when it listens."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "gptlab", "serve", str(model), "--port", "0", "--device", "cpu"]
+    command = [sys.executable, "-m", "gptlab", "serve", str(model), "--port", "0", "--device", "cpu", *options]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = []
     for line in process.stdout:  # the socket listens before this line is printed: no polling for readiness

@@ -5,7 +5,8 @@ no --api-key: anyone who can reach the port can use the model). The port is boun
 here before uvicorn starts, so a port in use is one error line. Ctrl-C stops the
 server cleanly. Each request is logged to stderr in one line (gptlab.serve.access)
 unless --no-access-log. With --reward SPEC requests may ask `best_of` candidates and get the best by that
-reward (gptlab.serve.best_of); --best-of N makes N the default. The app itself is gptlab.serve.app.
+reward (gptlab.serve.best_of); --best-of N makes N the default. With --tools SPEC (as `gptlab chat --tools`) those
+tools are offered to every chat request and run here as the model generates. The app itself is gptlab.serve.app.
 """
 
 from __future__ import annotations
@@ -15,7 +16,16 @@ import errno
 import socket
 import sys
 
-from gptlab.cli.common import DEVICE_HELP, add_decoding_arguments, add_model_argument, load_for_decoding, positive
+from gptlab.cli.common import (
+    DEVICE_HELP,
+    add_decoding_arguments,
+    add_model_argument,
+    add_tool_arguments,
+    check_tool_tokens,
+    load_for_decoding,
+    load_toolbox,
+    positive,
+)
 from gptlab.runtime import GptlabError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -46,6 +56,7 @@ def register(stages) -> None:
                         "best_of overrides it)")
     parser.add_argument("--reward", metavar="SPEC", help="the reward best_of picks by: rm:DIR (a reward model), judge:URL, "
                         "file.py:function, or weighted sums; chat requests are scored with their messages as the prompt")
+    add_tool_arguments(parser)  # offered to every chat request, run here; --tool-calls and --tool-seconds are per request
     parser.set_defaults(handler=run_serve)
 
 
@@ -78,11 +89,16 @@ def run_serve(args: argparse.Namespace) -> int:
     from gptlab.align.rl.best_of import best_of_reward
 
     reward = best_of_reward(args.best_of, args.reward, where="`gptlab serve` (requests carry no known answer)")
+    toolbox = load_toolbox(args)  # a bad spec is one line before the model loads
+    if toolbox is not None and (args.best_of > 1 or args.draft):
+        raise GptlabError("--tools runs with plain sampling: leave out --best-of and --draft")
     chosen = {} if args.prefix_cache_mb is None else {"prefix_cache_mb": args.prefix_cache_mb}
     engine_config = EngineConfig(slots=args.slots, draft_tokens=args.draft_tokens, **chosen)  # a bad value: one line, before loading
     sock = bind(args.host, args.port)
     try:
         model, tokenizer, draft = load_for_decoding(args)
+        if toolbox is not None:
+            check_tool_tokens(args, tokenizer)
         try:
             chat_format = ChatFormat(tokenizer)
         except GptlabError:
@@ -94,7 +110,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         app = build_app(engine, tokenizer, chat_format, args.name or args.checkpoint, api_key=args.api_key,
                         max_request_bytes=args.max_request_bytes, max_tokens_limit=args.max_tokens_limit,
-                        access_log=None if args.no_access_log else say, best_of=args.best_of, reward=reward)
+                        access_log=None if args.no_access_log else say, best_of=args.best_of, reward=reward, toolbox=toolbox)
         from gptlab.serve.token_view import build_token_view, model_tokenizers, with_token_view
 
         app = with_token_view(app, build_token_view(model_tokenizers(args.name or args.checkpoint, tokenizer), api_key=args.api_key))
@@ -107,6 +123,9 @@ def run_serve(args: argparse.Namespace) -> int:
             say(f"  prefix cache: {engine_config.prefix_cache_mb:g} MB (hits on /health; --prefix-cache-mb 0 turns it off)")
         if reward is not None:
             say(f"  best of {args.best_of} by --reward {args.reward} (a request's best_of overrides it)")
+        if toolbox is not None:
+            say(f"  tools: {', '.join(toolbox.names)} (run here, offered to every chat request; "
+                f"{args.tool_calls} calls, {args.tool_seconds:g} s per request)")
         say(f"  web chat  http://{shown}:{port}/")
         say(f"  API       http://{shown}:{port}/v1   (OpenAI-compatible{', key required' if args.api_key else ''})")
         say(f"  tokens    http://{shown}:{port}/tokenizer/   (the token viewer)")

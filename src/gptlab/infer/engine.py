@@ -361,10 +361,11 @@ class Engine:
         self.stats.peak_running = max(self.stats.peak_running, len(running))
         tokens: dict[int, int] = {i: slot.feed.popleft() for i, (_, slot) in enumerate(running) if slot.feed}  # no draw
         fed = set(tokens)
-        greedy: dict[int | None, list[int]] = {}  # greedy rows, by the vocab_size they may draw from: one argmax each
+        greedy: dict[tuple, list[int]] = {}  # greedy rows, by the ids they may draw from: one argmax each
         for i, (_, slot) in enumerate(running):
-            if slot.request.config.temperature == 0 and i not in fed:
-                greedy.setdefault(slot.request.config.vocab_size, []).append(i)
+            config = slot.request.config
+            if config.temperature == 0 and i not in fed:
+                greedy.setdefault((config.vocab_size, config.suppress_tokens), []).append(i)
         for members in greedy.values():
             chosen = sample_next(logits[members], running[members[0]][1].request.config, None)
             tokens.update(zip(members, chosen.tolist()))

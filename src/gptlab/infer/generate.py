@@ -46,6 +46,7 @@ class SamplingConfig:
     stop_tokens: tuple[int, ...] = ()  # ids that end a row (e.g. the tokenizer's eot id)
     seed: int | None = None  # seeds the sampling generator; None: a fresh random seed each call
     vocab_size: int | None = None  # draw only ids below this, e.g. the tokenizer's (None: any id of the model)
+    suppress_tokens: tuple[int, ...] = ()  # ids never drawn (e.g. the tool-call token when a request forbids calls)
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
@@ -65,6 +66,11 @@ class SamplingConfig:
         if not all(_is_int(token) and token >= 0 for token in self.stop_tokens):
             raise GptlabError(f"stop_tokens must be non-negative token ids, got {list(self.stop_tokens)}")
         object.__setattr__(self, "stop_tokens", tuple(int(token) for token in self.stop_tokens))  # a list given is kept hashable
+        if isinstance(self.suppress_tokens, (int, str)) or not isinstance(self.suppress_tokens, Sequence) or not all(
+            _is_int(token) and token >= 0 for token in self.suppress_tokens
+        ):
+            raise GptlabError(f"suppress_tokens must be a sequence of non-negative token ids, got {self.suppress_tokens!r}")
+        object.__setattr__(self, "suppress_tokens", tuple(int(token) for token in self.suppress_tokens))
         if self.seed is not None and not _is_int(self.seed):
             raise GptlabError(f"seed must be a whole number or None, got {self.seed!r}")
         if self.vocab_size is not None and (not _is_int(self.vocab_size) or self.vocab_size < 1):
@@ -82,7 +88,8 @@ def sample_next(logits: torch.Tensor, config: SamplingConfig, generator: torch.G
     """One token per row from logits (B, vocab_size): greedy, or temperature -> top-k -> top-p -> multinomial.
 
     Works on float32 so that low-precision logits do not tie or overflow in softmax. Ids at or above
-    `config.vocab_size` are never drawn (a model may have more rows than its tokenizer has ids).
+    `config.vocab_size` are never drawn (a model may have more rows than its tokenizer has ids), nor are
+    `config.suppress_tokens`.
     Returns (B,) ids.
     """
     if config.temperature == 0:
@@ -110,10 +117,14 @@ def sampling_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor
 
 
 def _cut(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
-    """float32 logits without the ids at or above config.vocab_size (ids below the cut keep their numbers)."""
+    """float32 logits without the ids at or above config.vocab_size (ids below the cut keep their numbers), the
+    suppressed ids at -inf (never drawn, never the argmax unless every id is suppressed)."""
     logits = logits.float()
     if config.vocab_size is not None and config.vocab_size < logits.size(-1):
         logits = logits[..., : config.vocab_size]
+    suppressed = [token for token in config.suppress_tokens if token < logits.size(-1)]
+    if suppressed:
+        logits = logits.index_fill(-1, torch.tensor(suppressed, device=logits.device), float("-inf"))
     return logits
 
 

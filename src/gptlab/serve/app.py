@@ -4,7 +4,9 @@
     GET  /health                {"status": "ok", "running": 2, "waiting": 0, "prefix_cache": {"hits": 480, ...}}
                                 (never needs the API key; prefix_cache: gptlab.infer.prefix_cache's counters, null when off)
     GET  /v1/models             the one model served
-    POST /v1/chat/completions   messages -> the assistant's reply (needs a tokenizer with the chat tokens)
+    POST /v1/chat/completions   messages -> the assistant's reply (needs a tokenizer with the chat tokens); with
+                                tools (the request's, and the server's own toolbox) the reply may hold tool_calls
+                                for the client and tool_runs the server made (gptlab.serve.tool_requests, .tool_replies)
     POST /v1/completions        prompt text (or texts, or token ids) -> its continuation
                                 (both take best_of: the n best of that many candidates by the server's reward,
                                 gptlab.serve.best_of)
@@ -32,6 +34,7 @@ import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import anyio
@@ -50,7 +53,10 @@ from gptlab.serve.generation import Generation, sse
 from gptlab.serve.limits import BodyLimit
 from gptlab.serve.protocol import ChatRequest, CompletionRequest, Sampling
 from gptlab.serve.replies import APIError, Reply, until_disconnected
+from gptlab.serve.tool_replies import ToolGeneration
+from gptlab.serve.tool_requests import ToolOffer, offer_tools, order_tool_results
 from gptlab.tokenizer import Tokenizer
+from gptlab.tools import Toolbox
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
@@ -71,14 +77,20 @@ def build_app(
     access_log: Callable[[str], None] | None = None,
     best_of: int = 1,
     reward: Callable[[object, list[str]], list[float]] | None = None,
+    toolbox: Toolbox | None = None,
 ) -> FastAPI:
     """The FastAPI app serving `engine` (its model) with `tokenizer`; chat needs `chat_format`. `access_log`,
     when given, receives one line per request (gptlab.serve.access). `reward(prompt, texts)` scores candidates
-    for best-of-n, `best_of` is the default candidates per request (gptlab.serve.best_of)."""
+    for best-of-n, `best_of` is the default candidates per request (gptlab.serve.best_of). `toolbox`: tools
+    offered to every chat request and run here while the model generates (gptlab.serve.tool_requests)."""
     check_api_key(api_key)
     check_best_of(best_of, "best_of")
     if best_of > 1 and reward is None:
         raise GptlabError(f"best_of={best_of} needs a reward to choose by (--reward SPEC)")
+    if toolbox is not None and (chat_format is None or not chat_format.supports_tools):
+        raise GptlabError("server tools need a chat model with the tool tokens: fine-tune it with `gptlab sft`, which adds them")
+    if toolbox is not None and best_of > 1:
+        raise GptlabError("server tools run with plain sampling: leave out --best-of")
     app = FastAPI(title="gptlab", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
     if access_log is not None:
@@ -86,7 +98,7 @@ def build_app(
     add_error_handlers(app)
     created = int(time.time())
     block_size = engine.model.config.block_size
-    runner = Runner(engine, tokenizer, model_name, max_tokens_limit, best_of=best_of, reward=reward)
+    runner = Runner(engine, tokenizer, model_name, max_tokens_limit, best_of=best_of, reward=reward, toolbox=toolbox)
 
     check_key = key_checker(api_key)
 
@@ -122,12 +134,16 @@ def build_app(
             except GptlabError as error:
                 raise APIError(400, f"{model_name} is not a chat model: {error}; use /v1/completions", param="messages",
                                code="not_a_chat_model") from None
-        messages = [{"role": message.role, "content": message.text()} for message in body.messages]
+        messages = order_tool_results([message.as_dict() for message in body.messages])
+        offer = offer_tools(chat, body, toolbox)
         try:
-            prompt = chat.prompt(messages)
+            prompt = chat.prompt(messages, tools=offer.specs if offer is not None else None)
         except GptlabError as error:
             raise APIError(400, str(error), param="messages") from None
-        return await runner.respond(body, [prompt], chat.stop_tokens, chat=True, http=http, reward_prompts=[messages])
+        if offer is None:
+            return await runner.respond(body, [prompt], chat.stop_tokens, chat=True, http=http, reward_prompts=[messages])
+        return await runner.respond(body, [prompt + list(offer.prefix)], chat.stop_tokens, chat=True, http=http,
+                                    tools=(chat, offer))
 
     @app.post("/v1/completions", dependencies=[Depends(check_key)])
     async def completions(body: CompletionRequest, http: Request):
@@ -179,9 +195,10 @@ class Runner:
     """Turns a validated request into engine requests, and their tokens into OpenAI's response or chunks."""
 
     def __init__(self, engine: Engine, tokenizer: Tokenizer, model_name: str, max_tokens_limit: int, *, best_of: int = 1,
-                 reward: Callable | None = None) -> None:
+                 reward: Callable | None = None, toolbox: Toolbox | None = None) -> None:
         self.engine, self.tokenizer, self.model_name, self.limit = engine, tokenizer, model_name, max_tokens_limit
         self.best_of, self.reward = best_of, reward  # best-of-n: default candidates, and the reward that picks
+        self.toolbox = toolbox  # the server's tools (gptlab serve --tools)
 
     def configs(self, body: Sampling, prompt: list[int], stop_tokens: tuple[int, ...]) -> list[SamplingConfig]:
         block = self.engine.model.config.block_size
@@ -204,19 +221,21 @@ class Runner:
         ]
 
     async def respond(self, body: Sampling, prompts: list[list[int]], stop_tokens: tuple[int, ...], *, chat: bool,
-                      http: Request | None = None, reward_prompts: list | None = None):
-        if body.best_of is not None or self.best_of > 1:
+                      http: Request | None = None, reward_prompts: list | None = None,
+                      tools: tuple[ChatFormat, ToolOffer] | None = None):
+        """`tools`: a chat request's format and ToolOffer; each choice then runs its own tool loop."""
+        if tools is not None and body.best_of not in (None, 1):
+            raise APIError(400, "best_of does not run with tools; leave it out of a request that offers tools", param="best_of")
+        if tools is None and (body.best_of is not None or self.best_of > 1):
             count = candidates_wanted(body, self.best_of, self.reward)
             if count > 1:
                 return await respond_best_of(self, body, prompts, reward_prompts or [], stop_tokens, count, self.reward,
                                              chat=chat, http=http)
         configs = [(prompt, config) for prompt in prompts for config in self.configs(body, prompt, stop_tokens)]
-        loop = asyncio.get_running_loop()
         generations: list[Generation] = []
         try:
             for prompt, config in configs:
-                request = self.engine.submit(prompt, config, loop=loop)
-                generations.append(Generation(self.engine, request, self.tokenizer, body.stop_strings(), context=() if chat else prompt))
+                generations.append(self.start(prompt, config, body, chat, tools))
         except GptlabError as error:
             for generation in generations:
                 generation.cancel()
@@ -236,6 +255,20 @@ class Runner:
         if any(generation.finish_reason == "error" for generation in generations):
             raise APIError(500, "generation failed on the server", type="server_error")
         return reply.whole(texts, generations)
+
+
+    def start(self, prompt: list[int], config: SamplingConfig, body: Sampling, chat: bool,
+              tools: tuple[ChatFormat, ToolOffer] | None) -> Generation:
+        """One choice submitted to the engine: a plain Generation, or with `tools` its own ToolTurn."""
+        loop = asyncio.get_running_loop()
+        if tools is None:
+            request = self.engine.submit(prompt, config, loop=loop)
+            return Generation(self.engine, request, self.tokenizer, body.stop_strings(), context=() if chat else prompt)
+        chat_format, offer = tools
+        turn = offer.turn(chat_format, self.toolbox)
+        config = replace(config, suppress_tokens=offer.suppress)
+        request = self.engine.submit(prompt, config, loop=loop, tools=turn)
+        return ToolGeneration(self.engine, request, chat_format, body.stop_strings(), turn, offer.prefix)
 
 
 async def stream_events(reply: Reply, generations: list[Generation], include_usage: bool) -> AsyncIterator[str]:

@@ -19,6 +19,8 @@ from gptlab.infer import Engine, Request
 from gptlab.serve.stops import StopMatcher
 from gptlab.tokenizer import Tokenizer
 
+Delta = str | dict  # a text piece, or a chunk delta's other fields ({"tool_calls": [...]})
+
 
 def sse(payload: dict) -> str:
     """One server-sent event."""
@@ -37,28 +39,42 @@ class Generation:
         self.finish_reason: str | None = None
         self.completion_tokens = 0
 
-    async def deltas(self) -> AsyncIterator[str]:
-        """Text pieces as they become safe to send; sets finish_reason at the end."""
+    def read(self, token: int) -> list[Delta]:
+        """What one token adds: text, or a delta's other fields (gptlab.serve.tool_replies)."""
+        return [self.text_stream.add(token)]
+
+    def read_end(self) -> list[Delta]:
+        """What is left when the request has finished (its finish_reason is set)."""
+        return [self.text_stream.flush()]
+
+    def message(self, text: str) -> dict:
+        """The whole reply's message, given its text."""
+        return {"role": "assistant", "content": text}
+
+    async def deltas(self) -> AsyncIterator[Delta]:
+        """Text pieces (str) as they become safe to send, and other delta fields (dict); sets finish_reason at the end."""
         try:
             async for token in self.request:
                 self.completion_tokens += 1
-                text = self.matcher.push(self.text_stream.add(token))
-                if text:
-                    yield text
-                if self.matcher.stopped:
-                    self.finish_reason = "stop"
-                    return
-            tail = self.matcher.push(self.text_stream.flush())
-            tail += self.matcher.flush()
-            if tail:
-                yield tail
+                for delta in self.read(token):
+                    delta = self.matcher.push(delta) if isinstance(delta, str) else delta
+                    if delta:
+                        yield delta
+                    if self.matcher.stopped:
+                        self.finish_reason = "stop"
+                        return
+            end = self.read_end()
+            tail = "".join(self.matcher.push(delta) for delta in end if isinstance(delta, str)) + self.matcher.flush()
+            for delta in [tail, *(delta for delta in end if not isinstance(delta, str))]:
+                if delta:
+                    yield delta
             reason = self.request.finish_reason
             self.finish_reason = "stop" if self.matcher.stopped else ("error" if reason in ("error", "cancelled") else reason)
         finally:
             self.cancel()
 
     async def text(self) -> str:
-        return "".join([piece async for piece in self.deltas()])
+        return "".join([piece async for piece in self.deltas() if isinstance(piece, str)])
 
     def cancel(self) -> None:
         """Free the engine slot if the request still runs (a stop string, a client gone)."""

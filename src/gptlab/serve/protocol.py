@@ -3,8 +3,9 @@
     POST /v1/chat/completions  {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32, "stream": true}
     POST /v1/completions       {"prompt": "Once upon", "temperature": 0, "stop": ["\\n"]}
 
-Types are strict (a string is not a number, a number is not a bool). Fields OpenAI
-defines that gptlab does not implement (logprobs, penalties, tools, ...) are
+Types are strict (a string is not a number, a number is not a bool). Chat requests take OpenAI's `tools`,
+`tool_choice` and `parallel_tool_calls`, and messages with `tool_calls` and `tool_call_id` (what they mean:
+gptlab.serve.tool_requests). Fields OpenAI defines that gptlab does not implement (logprobs, penalties, ...) are
 ignored when left at their neutral values and refused otherwise; unknown fields
 are ignored, as OpenAI's own server does. `top_k`, `ignore_eos` and chat's `best_of` are extensions
 (as in vLLM and llama.cpp). Not here: running requests (gptlab.serve.app).
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 MAX_CHOICES = 8  # n
 MAX_BEST_OF = 16  # best_of: candidates sampled per prompt, each holding an engine slot while it runs
 MAX_STOPS = 4  # stop strings per request, as OpenAI
+MAX_TOOLS = 128  # tools per request, as OpenAI
 
 
 class Strict(BaseModel):
@@ -30,13 +32,61 @@ class TextPart(Strict):
     text: str
 
 
+class FunctionCall(Strict):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(Strict):
+    """A call an assistant message made, as a reply's `tool_calls` holds it and the client sends it back."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(Strict):
     role: str
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None  # None: an assistant message that only calls tools
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+    def as_dict(self) -> dict:
+        """The message as gptlab.chat.messages checks it: role and content, and the tool fields when present."""
+        message: dict = {"role": self.role, "content": None if self.content is None else self.text()}
+        if self.tool_calls is not None:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class FunctionSpec(Strict):
+    name: str
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema object; its properties' names go in the prompt
+    strict: bool | None = None  # accepted; the arguments are never forced to the schema
+
+
+class FunctionTool(Strict):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(Strict):
+    name: str
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice | None
 
 
 class StreamOptions(Strict):
@@ -80,6 +130,9 @@ class Sampling(Strict):
 class ChatRequest(Sampling):
     messages: Annotated[list[Message], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None  # OpenAI's newer name for max_tokens
+    tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] | None = None  # functions the client runs
+    tool_choice: ToolChoice = None  # None: "auto"
+    parallel_tool_calls: bool | None = None  # accepted: a turn may hold several calls either way
 
     @model_validator(mode="after")
     def _one_limit(self) -> ChatRequest:

@@ -72,7 +72,7 @@ class Reply:
         for index, (text, generation) in enumerate(zip(texts, generations)):
             choice = {"index": index, "finish_reason": generation.finish_reason, "logprobs": None}
             if self.chat:
-                choice["message"] = {"role": "assistant", "content": text}
+                choice["message"] = generation.message(text)
             else:
                 choice["text"] = text
             choices.append(choice)
@@ -80,9 +80,11 @@ class Reply:
         body["usage"] = self.usage(generations)
         return body
 
-    def chunk(self, index: int, text: str | None, finish_reason: str | None, *, role: bool = False) -> dict:
+    def chunk(self, index: int, text: str | dict | None, finish_reason: str | None, *, role: bool = False) -> dict:
+        """One choice's chunk: `text` a piece of content, or (chat) a delta's other fields, e.g. {"tool_calls": [...]}."""
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+            delta = text if isinstance(text, dict) else delta
             choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
             return self._object("chat.completion.chunk", [choice])
         return self._object("text_completion", [{"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}])
