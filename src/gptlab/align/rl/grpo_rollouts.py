@@ -28,10 +28,9 @@ from gptlab.align.rl.grpo_loss import GRPOConfig, group_advantages, token_weight
 from gptlab.align.rl.learnable import FLAT
 from gptlab.align.rl.rewards import Rewards, example_columns
 from gptlab.align.rl.rollout import pad_rows, rollout
-from gptlab.chat.data import load_task, parse_mixture
+from gptlab.chat.data import task_from_spec
 from gptlab.infer.generate import SamplingConfig
 from gptlab.model import GPT
-from gptlab.runtime import GptlabError
 
 SHOWN_COMPLETIONS = 2  # completions per rollout written to completions.jsonl
 
@@ -225,12 +224,7 @@ def rollout_stats(rewards: torch.Tensor, completions: list, means: dict[str, flo
 
 def load_grpo_task(spec: str):
     """A built-in task from `NAME[options]` (or `task:NAME[options]`), e.g. arithmetic[digits=1]."""
-    text = spec.strip()
-    (part,) = parse_mixture(text if text.startswith("task:") else f"task:{text}")
-    if part.n is not None or part.epochs != 1.0 or part.split != "train":
-        raise GptlabError(f"--task {spec}: give the task and its settings only, e.g. arithmetic[digits=1]; "
-                          "use --train-examples and --eval-examples for sizes")
-    return load_task(part.source.removeprefix("task:"), part.task_options)
+    return task_from_spec(spec, "--task", "--train-examples and --eval-examples")
 
 
 def make_scorer(spec: str, task) -> Callable[[list, list[str]], tuple[list[float], dict[str, float]]]:
