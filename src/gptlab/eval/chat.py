@@ -97,11 +97,17 @@ def final_answer(chat: ChatFormat, ids: Sequence[int]) -> str:
     return messages[-1]["content"] if messages and messages[-1]["role"] == "assistant" else ""
 
 
-def tool_reply(chat: ChatFormat, ids: list[int]) -> Reply:
-    """A reply generated with tools, its final answer and its costs (ChatFormat.generated_mask: 0 where fed)."""
+def tool_costs(chat: ChatFormat, ids: Sequence[int]) -> tuple[int, int]:
+    """(tokens the tools fed, calls that ran: the results fed) of a reply's ids (ChatFormat.generated_mask)."""
     mask = chat.generated_mask(ids)
     calls = sum(1 for token, own in zip(ids, mask) if not own and token == chat.role_ids["tool"])
-    return Reply(final_answer(chat, ids), ids, fed=len(mask) - sum(mask), calls=calls)
+    return len(mask) - sum(mask), calls
+
+
+def tool_reply(chat: ChatFormat, ids: list[int]) -> Reply:
+    """A reply generated with tools: its final answer and its costs."""
+    fed, calls = tool_costs(chat, ids)
+    return Reply(final_answer(chat, ids), ids, fed=fed, calls=calls)
 
 
 def replies(
