@@ -346,6 +346,17 @@ def load_task(name: str, options: tuple[tuple[str, int | float | str], ...] = ()
     return get_task(name, **dict(options))
 
 
+def task_from_spec(spec: str, flag: str = "--task", sizes: str = "") -> object:
+    """A built-in task from `NAME[options]` (or `task:NAME[options]`), e.g. arithmetic[digits=1]; `sizes` says which
+    flags set how many examples (a spec's n= is refused)."""
+    text = spec.strip()
+    (part,) = parse_mixture(text if text.startswith("task:") else f"task:{text}")
+    if part.n is not None or part.epochs != 1.0 or part.split != "train":
+        raise GptlabError(f"{flag} {spec}: give the task and its settings only, e.g. arithmetic[digits=1]"
+                          + (f"; use {sizes} for sizes" if sizes else ""))
+    return load_task(part.source.removeprefix("task:"), part.task_options)
+
+
 def read_task(part: PartConfig, split: str, n: int | None, *, on_error: str = "skip") -> tuple[list[Conversation], SourceReport]:
     """n examples of a task's split as conversations, checked like any other source (n: see task_examples)."""
     task, examples = task_examples(part, split, n)

@@ -43,9 +43,10 @@ TOOLS_HELP = ("tools the model may call while it answers: calculator, python (a 
               "public functions) or path/to/tools.py:function, comma-separated")
 
 
-def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
-    """--tools SPEC --tool-calls N --tool-seconds S: tools that run while the model generates (gptlab.tools)."""
-    parser.add_argument("--tools", metavar="SPEC", help=TOOLS_HELP)
+def add_tool_arguments(parser, *, default: str = "") -> None:
+    """--tools SPEC --tool-calls N --tool-seconds S: tools that run while the model generates (gptlab.tools);
+    `default` says in the help what no --tools means."""
+    parser.add_argument("--tools", metavar="SPEC", help=TOOLS_HELP + (f" ({default})" if default else ""))
     parser.add_argument("--tool-calls", type=positive, default=8, metavar="N", help="most tool calls per reply (default 8)")
     parser.add_argument("--tool-seconds", type=float, default=20.0, metavar="S",
                         help="most seconds all tool calls of one reply may take, each at most half (default 20)")
@@ -55,10 +56,9 @@ def load_toolbox(args: argparse.Namespace):
     """The Toolbox --tools names, or None without it: loaded before the model, so a bad spec costs no loading."""
     if not getattr(args, "tools", None):
         return None
-    from gptlab.tools import ToolLimits, load_tools
+    from gptlab.tools import load_tools, reply_limits
 
-    limits = ToolLimits(max_calls=args.tool_calls, seconds=args.tool_seconds, call_seconds=args.tool_seconds / 2)
-    return load_tools(args.tools, limits)
+    return load_tools(args.tools, reply_limits(args.tool_calls, args.tool_seconds))
 
 
 def check_tool_tokens(args: argparse.Namespace, tokenizer) -> None:

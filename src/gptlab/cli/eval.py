@@ -6,6 +6,8 @@
     gptlab eval runs/shakespeare/sft --judge http://127.0.0.1:8000 --alpaca alpaca_eval.jsonl --safety sst.csv
     gptlab eval --checkpoint runs/shakespeare/train/checkpoints/step_000600 --data runs/shakespeare/data
     gptlab eval --checkpoint gpt2 --task hellaswag --limit 1000
+    gptlab eval runs/sft --chat-task "arithmetic[digits=4,min_digits=3,tools=1]" --limit 200   # with its calculator
+    gptlab eval runs/sft --chat-task "arithmetic[digits=4,min_digits=3,tools=1]" --limit 200 --tools none
 
 The card (gptlab.eval.suite) is printed and saved as OUT/eval.json with OUT/examples.jsonl (every question as
 asked, few-shot ids included, and how it was scored). OUT is --out, else RUN/eval-SUITE (eval-core, eval-chat,
@@ -15,6 +17,11 @@ claimed as gptlab's run folders are: an evaluation with other settings, or a fol
 The model is any folder gptlab makes or reads (gptlab.cli.common): a run
 folder (its newest checkpoint, or RUN/best), a checkpoint, a Hugging Face
 GPT-2 / Llama folder, or a hub name already in the local Hugging Face cache.
+--chat-task NAME[OPTIONS] grades a chat model's greedy answers to a built-in task's questions (gptlab.eval.chat):
+accuracy with its 95% Wilson interval, and per answer the tokens generated, the tokens tools fed and the tool
+calls. The task's own tools run while it answers (a task with tools=1 offers the calculator), or --tools SPEC,
+or none with --tools none: the same questions with and without tools (gptlab.chat.tasks keeps them alike).
+
 Its tokenizer is --tokenizer, else the one saved with the model, else GPT-2's
 for a Hugging Face GPT-2. Data is evaluated only when that tokenizer is the
 one the data was prepared with (checked before any compute). Under torchrun,
@@ -26,7 +33,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gptlab.cli.common import DEVICE_HELP, add_quantize_argument, positive
+from gptlab.cli.common import DEVICE_HELP, add_quantize_argument, add_tool_arguments, positive
 from gptlab.runtime import GptlabError
 from gptlab.runtime.optional import require
 
@@ -58,8 +65,12 @@ def register(stages) -> None:
     judge.add_argument("--alpaca", metavar="FILE", help="AlpacaEval instructions with reference outputs: win rate, 1-10 grade")
     judge.add_argument("--safety", metavar="FILE", help="harmful requests (SimpleSafetyTests CSV): the share refused")
     judge.add_argument("--benign", metavar="FILE", help="benign requests: the share wrongly refused (default with --safety: built in)")
+    asked = parser.add_argument_group("chat task")
+    asked.add_argument("--chat-task", metavar="NAME[OPTIONS]",
+                       help="a built-in chat task's accuracy, e.g. arithmetic[digits=4,min_digits=3,tools=1]")
+    add_tool_arguments(asked, default="default: the task's own, if it offers any; none: answer without tools")
     parser.add_argument("--data", metavar="DIR", help="prepared shards (`gptlab data prepare`): loss and bits per byte of --split")
-    parser.add_argument("--split", default="val", help="split of --data to evaluate, all of it (default val)")
+    parser.add_argument("--split", help="split of --data to evaluate, all of it (default val); of --chat-task: test (default) or train")
     parser.add_argument("--seq-len", type=positive, metavar="T", help="tokens per window for --data (default: the model's block size)")
     parser.add_argument("--task", choices=TASK_NAMES, help="a benchmark to score by log-likelihood")
     parser.add_argument("--hellaswag-path", metavar="FILE",
@@ -86,12 +97,17 @@ def check_usage(args: argparse.Namespace) -> None:
         args.usage_error("which model? pass MODEL (a run folder, a checkpoint, a Hugging Face folder)")
     if (args.alpaca or args.safety or args.benign or args.judge_model or args.judge_prompts) and not args.judge:
         args.usage_error("--alpaca, --safety, --benign, --judge-model and --judge-prompts go with --judge URL")
-    if not (args.data or args.task or args.harness or args.suite or args.judge):
-        args.usage_error("nothing to evaluate: give --suite core|chat, --judge URL, --data DIR, --task hellaswag and/or --harness TASKS")
+    if not (args.data or args.task or args.harness or args.suite or args.judge or args.chat_task):
+        args.usage_error("nothing to evaluate: give --suite core|chat, --judge URL, --data DIR, --task hellaswag, "
+                         "--chat-task NAME and/or --harness TASKS")
+    if args.tools and not args.chat_task:
+        args.usage_error("--tools goes with --chat-task NAME")
+    if args.data and args.chat_task and args.split:
+        args.usage_error("--split names a split of --data or of --chat-task: evaluate one of them at a time")
     if args.hellaswag_path and args.task != "hellaswag":
         args.usage_error("--hellaswag-path goes with --task hellaswag")
-    if args.limit is not None and not (args.task or args.harness or args.suite or args.judge):
-        args.usage_error("--limit goes with --suite, --judge, --task or --harness")
+    if args.limit is not None and not (args.task or args.harness or args.suite or args.judge or args.chat_task):
+        args.usage_error("--limit goes with --suite, --judge, --task, --chat-task or --harness")
     if args.out and not (args.suite or args.judge):
         args.usage_error("--out holds a report card: it goes with --suite or --judge")
 
@@ -110,9 +126,11 @@ def run_eval(args: argparse.Namespace) -> int:
     try:
         path = find_model(args.checkpoint)
         tokenizer, name = load_model_tokenizer(args.checkpoint, path, _config_only(path), args.tokenizer,
-                                               required=bool(args.task or args.harness or args.data or args.suite or args.judge))
+                                               required=bool(args.task or args.harness or args.data or args.suite or args.judge
+                                                             or args.chat_task))
         if args.data:
             check_tokenizer(args.data, tokenizer, name)  # before the weights are even read: mismatched ids mean nothing
+        asked = chat_task(args, tokenizer) if args.chat_task else None  # the task and its tools, checked before loading
         config = eval_config(args) if args.suite or args.judge else None  # every option checked before the weights load
         chat = chat_format(tokenizer, config)
         out = claim_card_folder(path, config, out=args.out, force=args.force) if config and runtime.is_main else None
@@ -127,6 +145,8 @@ def run_eval(args: argparse.Namespace) -> int:
                 evaluate_task(model, tokenizer, args, context, say)
             if args.harness:
                 evaluate_with_harness(model, tokenizer, args, say)
+            if asked:
+                evaluate_chat_task(model, *asked, args, context, say)
             if config:
                 evaluate_card_to(out, model, tokenizer, chat, config, context, runtime, args, say)
         except (GptlabError, KeyboardInterrupt):  # refused or stopped before the card was saved: a new folder goes
@@ -222,6 +242,7 @@ def evaluate_data(model, args: argparse.Namespace, context, say) -> dict:
     from gptlab.data.shards import split_shards
     from gptlab.eval.loss import evaluate_split
 
+    args.split = args.split or "val"
     shards = split_shards(args.data, args.split)  # a clear error for a missing or empty split
     T = args.seq_len or model.config.block_size
     if T > model.config.block_size:
@@ -259,3 +280,38 @@ def evaluate_with_harness(model, tokenizer, args: argparse.Namespace, say) -> di
     )
     say(results_table(results))
     return results
+
+
+def chat_task(args: argparse.Namespace, tokenizer) -> tuple:
+    """(chat format, task, tools or None) for --chat-task: the task, its tools and the model's tool tokens checked."""
+    from gptlab.chat import ChatFormat
+    from gptlab.chat.data import task_from_spec
+    from gptlab.tools import reply_limits, task_toolbox
+    from gptlab.tools.turn import chat_tools
+
+    task = task_from_spec(args.chat_task, "--chat-task", "--limit")
+    toolbox = task_toolbox(args.tools or "auto", task, reply_limits(args.tool_calls, args.tool_seconds))
+    try:
+        chat = ChatFormat(tokenizer)
+    except GptlabError:
+        raise GptlabError(f"--chat-task talks to a chat model (one with gptlab's chat tokens, made by `gptlab sft`); "
+                          f"{args.checkpoint}'s tokenizer has none") from None
+    return chat, task, chat_tools(chat, toolbox)
+
+
+def evaluate_chat_task(model, chat, task, tools, args: argparse.Namespace, context, say) -> dict:
+    """Accuracy with its interval, and what an answer cost (gptlab.eval.chat.evaluate_task)."""
+    from gptlab.eval.chat import evaluate_task as evaluate
+    from gptlab.eval.stats import wilson_interval
+
+    split = args.split or "test"
+    size = getattr(task, "test_size", None) if split == "test" else None
+    n = args.limit or 200
+    result = evaluate(model, chat, task, n=min(n, size) if size else n, split=split, tools=tools, costs=True,
+                      batch_size=args.batch_size, autocast=context)
+    low, high = wilson_interval(result["correct"], result["total"])
+    offered = ", ".join(spec["function"]["name"] for spec in tools.specs) if tools else "none"
+    say(f"{args.chat_task} {split}: accuracy {result['correct']}/{result['total']} = {result['accuracy']:.3f} "
+        f"(95% CI {low:.3f}-{high:.3f}), tools {offered}; per answer {result['generated_tokens']:.1f} tokens generated, "
+        f"{result['fed_tokens']:.1f} fed by tools, {result['tool_calls']:.2f} tool calls")
+    return result

@@ -10,8 +10,9 @@ Importing this package imports no torch.
 Not here: rendering calls and results into a conversation (gptlab.chat), the engine hook that calls Toolbox.run.
 """
 
-from gptlab.tools.base import Tool, Toolbox, ToolBudget, ToolLimits
-from gptlab.tools.registry import BUILTIN_TOOLS, load_tools, tool_from_function
+from gptlab.tools.base import Tool, Toolbox, ToolBudget, ToolLimits, reply_limits
+from gptlab.tools.registry import BUILTIN_TOOLS, load_tools, task_toolbox, tool_from_function
 from gptlab.tools.results import ToolResult
 
-__all__ = ["BUILTIN_TOOLS", "Tool", "ToolBudget", "ToolLimits", "ToolResult", "Toolbox", "load_tools", "tool_from_function"]
+__all__ = ["BUILTIN_TOOLS", "Tool", "ToolBudget", "ToolLimits", "ToolResult", "Toolbox", "load_tools", "reply_limits",
+           "task_toolbox", "tool_from_function"]

@@ -143,6 +143,12 @@ def _example(tool: Tool) -> str:
 DEFAULT_LIMITS = ToolLimits()
 
 
+def reply_limits(calls: int, seconds: float) -> ToolLimits:
+    """The limits of one reply as the commands' --tool-calls and --tool-seconds give them: each call at most half
+    the reply's seconds, so one stuck call leaves time to answer."""
+    return ToolLimits(max_calls=calls, seconds=seconds, call_seconds=seconds / 2)
+
+
 class Toolbox:
     """Tools by name, and running a call of one (module docstring)."""
 

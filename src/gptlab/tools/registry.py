@@ -4,6 +4,7 @@
     load_tools("calculator,python")                    both built-ins
     load_tools("calculator,my_tools.py")               and every public function of my_tools.py
     load_tools("my_tools.py:word_count")               only that function of the file
+    task_toolbox("auto", Arithmetic(tools=1))          the tools a task offers (here the calculator); None if none
 
 A spec is comma-separated parts, each a built-in's name (BUILTIN_TOOLS: calculator, python), a file
 `path/to/tools.py` (every public function defined in it: not imported ones, not names starting with "_") or
@@ -63,6 +64,19 @@ def load_tools(spec: str, limits: ToolLimits = DEFAULT_LIMITS) -> Toolbox:
             origins[tool.name] = part
             tools.append(tool)
     return Toolbox(tools, limits)
+
+
+def task_toolbox(spec: str | None, task=None, limits: ToolLimits = DEFAULT_LIMITS) -> Toolbox | None:
+    """The toolbox a run's `tools` setting names: "auto" the built-ins a task offers (gptlab.chat.tasks: its
+    `offered_tools`; None when it offers none), None or "none" no tools, anything else a spec for load_tools."""
+    if spec is None or spec == "none":
+        return None
+    if spec == "auto":
+        offered = getattr(task, "offered_tools", ()) if task is not None else ()
+        if not offered:
+            return None
+        spec = ",".join(declaration["function"]["name"] for declaration in offered)
+    return load_tools(spec, limits)
 
 
 def _load_part(part: str, limits: ToolLimits) -> list[Tool]:

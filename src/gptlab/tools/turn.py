@@ -10,6 +10,9 @@ A call to a tool the client runs (`client=`, the OpenAI API's `tools` of a reque
 "tool_calls", and every call of that turn goes back to the client; a call to a tool of the toolbox runs here,
 under the toolbox's per-request limits (calls, seconds), and whatever happens reaches the model as a result text.
 
+Evaluation and RL rollouts take `chat_tools(chat, toolbox)`: the toolbox's declarations for each prompt's tools
+block and a fresh ToolTurn per reply (gptlab.eval.chat.ChatTools).
+
 Not here: the tools (gptlab.tools.base, gptlab.tools.registry), the format (gptlab.chat.format).
 """
 
@@ -20,6 +23,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from gptlab.chat.format import ChatFormat
+from gptlab.eval.chat import ChatTools
 from gptlab.infer.tool_loop import ToolStep
 from gptlab.runtime import GptlabError
 from gptlab.tools.base import Toolbox
@@ -93,6 +97,15 @@ class ToolTurn:
         if self.on_run is not None:
             self.on_run(run)
         return result
+
+
+def chat_tools(chat: ChatFormat, toolbox: Toolbox | None) -> ChatTools | None:
+    """What gptlab.eval.chat and the RL rollouts answer with: the toolbox's declarations and a fresh ToolTurn per
+    reply; None without a toolbox. A model without the tool tokens is refused here, before any compute."""
+    if toolbox is None:
+        return None
+    ToolTurn(chat, toolbox)  # raises for a chat model made before tool use
+    return ChatTools(tuple(toolbox.specs()), lambda: ToolTurn(chat, toolbox))
 
 
 def reply_messages(chat: ChatFormat, tokens: Sequence[int], make_id: Callable[[int], str] = lambda k: f"call_{k + 1}") -> list[dict]:

@@ -62,15 +62,20 @@ from gptlab.align.rl.grpo_loss import (
 )
 from gptlab.align.rl.grpo_rollouts import RolloutLoader, load_grpo_task, make_scorer, rollout_groups, rollout_stats
 from gptlab.align.rl.learnable import FLAT, choose_pool, distinct, nothing_learned, probe_start
+from gptlab.align.rl.prompts import Prompt
+from gptlab.align.rl.rollout import tool_prompt
 from gptlab.align.start import find_init, refuse_fsdp
 from gptlab.chat import CHAT_TOKENS, ChatFormat
 from gptlab.data.match import find_model_tokenizer
+from gptlab.eval.chat import ChatTools
 from gptlab.infer.generate import SamplingConfig
 from gptlab.load.checkpoints import list_checkpoints
 from gptlab.model import GPT
 from gptlab.model.hf import load_pretrained_directory, read_pretrained_config
 from gptlab.runtime import GptlabError, atomic_write_text
 from gptlab.runtime.device import resolve_precision
+from gptlab.tools import reply_limits, task_toolbox
+from gptlab.tools.turn import chat_tools
 from gptlab.train.trainer import RUN_FILES, Trainer, TrainResult
 
 __all__ = ["CLIPPED", "GRPO_PRESETS", "LOSSES", "GRPOConfig", "GRPOResult", "GRPOTrainer", "HeldOut", "LossParts", "RolloutLoader",
@@ -118,7 +123,20 @@ class GRPOTrainer(Trainer):
         """The task, the scorer of its completions and the pool of train prompts (PPO reads prompts from files too)."""
         self.task = load_grpo_task(config.task)
         self.score = make_scorer(config.reward, self.task)
+        self.tools = self._rollout_tools(config)
         return self._prompt_pool(config)
+
+    def _rollout_tools(self, config: GRPOConfig) -> ChatTools | None:
+        """The tools the rollouts run (config.tools: auto, the task's when it offers them; none; or a spec), loaded
+        and checked against the model's tool tokens before any compute."""
+        toolbox = task_toolbox(config.tools, self.task, reply_limits(config.tool_calls, config.tool_seconds))
+        return chat_tools(self.chat, toolbox)
+
+    def prompt_ids(self, item) -> list[int]:
+        """A pool item's rendered prompt, after the tools block when tools run: a task's Example (its question) or a
+        Prompt (its messages)."""
+        messages = list(item.messages) if isinstance(item, Prompt) else [{"role": "user", "content": item.question}]
+        return tool_prompt(self.chat, messages, self.tools)
 
     def _probe_rewards(self, config: GRPOConfig) -> None:
         """Score one rollout-shaped batch before the run folder is claimed, so a reward function that raises, or
@@ -169,7 +187,7 @@ class GRPOTrainer(Trainer):
         size = getattr(self.task, "train_size", None)
         examples = self.task.examples("train", min(config.train_examples, size) if size else config.train_examples)
         room = min(config.seq_len + 1, config.model.block_size) - config.max_new_tokens
-        pool = [e for e in examples if len(self.chat.prompt([{"role": "user", "content": e.question}])) <= room]
+        pool = [e for e in examples if len(self.prompt_ids(e)) <= room]
         if room < 1:
             raise GptlabError(f"max_new_tokens {config.max_new_tokens} leaves no room for a prompt in seq_len "
                               f"{config.seq_len} (the model's context is {config.model.block_size}); lower --max-new-tokens")
@@ -187,7 +205,7 @@ class GRPOTrainer(Trainer):
         if config.probe_samples == 0:
             return
         probe = probe_start(self.model, self.chat, self.score, self.candidates, self.sampling, config,
-                            rank=self.runtime.rank, world=self.runtime.world_size)
+                            rank=self.runtime.rank, world=self.runtime.world_size, tools=self.tools)
         kept = choose_pool(probe, config, self.print)
         if kept is not None:
             self.use_pool(kept)
@@ -249,8 +267,13 @@ class GRPOTrainer(Trainer):
         config = self.config
         self.print(f"each step: {config.prompts_per_step} prompts x {config.group_size} samples of up to "
                    f"{config.max_new_tokens} tokens ({config.task}, reward {config.reward}, loss {config.loss}"
+                   f"{f', tools {tools}' if (tools := self._tool_names()) else ''}"
                    f"{f', {config.epochs} steps per rollout' if config.epochs > 1 else ''}); rows are as long as the "
                    f"rollout's longest, so tokens/step varies")
+
+    def _tool_names(self) -> str:
+        """The tools rollouts run, comma-separated ("" without)."""
+        return ", ".join(spec["function"]["name"] for spec in self.tools.specs) if self.tools is not None else ""
 
     def _restore(self, path: Path | None):
         """As the Trainer's; a new run then probes the start for its prompt pool, and a resumed one drops the
@@ -285,11 +308,11 @@ def run_grpo(config: GRPOConfig, *, runtime=None, log: Callable[[str], None] = p
     trainer = GRPOTrainer(config, runtime=runtime, log=log, resume=resume, force=force)
     trainer.sample_fn = chat_sampler(trainer.task.examples("test", 1)[0].question, trainer.config.max_new_tokens)
     task, name = trainer.task, trainer.task.name
-    trainer.task_fn = heldout_fn(trainer.chat, task, trainer.config, trainer.sampling)
+    trainer.task_fn = heldout_fn(trainer.chat, task, trainer.config, trainer.sampling, trainer.tools)
 
     def measure_start() -> HeldOut:
         start = heldout(load_pretrained_directory(trainer.init_path, device=trainer.runtime.device), trainer.chat, task,
-                        trainer.config, trainer.sampling)
+                        trainer.config, trainer.sampling, trainer.tools)
         if trainer.runtime.is_main:
             log("before: " + describe(start.summary(name), name, config.eval_samples))
         return start
@@ -299,7 +322,7 @@ def run_grpo(config: GRPOConfig, *, runtime=None, log: Callable[[str], None] = p
     start = trainer.before
     before, after = start.summary(name), {}
     if result.status != "interrupted":
-        end = heldout(trainer.model, trainer.chat, task, trainer.config, trainer.sampling)
+        end = heldout(trainer.model, trainer.chat, task, trainer.config, trainer.sampling, trainer.tools)
         after = end.summary(name)
         if trainer.runtime.is_main:
             log("after:  " + describe(after, name, config.eval_samples))

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from gptlab.align.rl.grpo_loss import GRPOConfig
-from gptlab.align.rl.rollout import rollout
+from gptlab.align.rl.rollout import answer_text, rollout, tool_prompt
 from gptlab.chat import ChatFormat
+from gptlab.eval.chat import ChatTools
 from gptlab.infer.generate import SamplingConfig
 from gptlab.model import GPT
 
@@ -36,12 +37,14 @@ class HeldOut:
                 f"{name}_n": n}
 
 
-def heldout(model: GPT, chat: ChatFormat, task, config: GRPOConfig, sampling: SamplingConfig) -> HeldOut:
+def heldout(model: GPT, chat: ChatFormat, task, config: GRPOConfig, sampling: SamplingConfig,
+            tools: ChatTools | None = None) -> HeldOut:
     """Held-out accuracy (greedy) and k samples per question at the rollouts' temperature, question by question.
 
     pass@1 is the mean share of a question's k samples the verifier accepts, pass@k the share of
     questions with one accepted (with n = k samples the unbiased estimator is exactly these).
-    Under DDP each rank takes questions r, r + world, ... and every rank gets the whole lists.
+    Under DDP each rank takes questions r, r + world, ... and every rank gets the whole lists. With `tools`, they
+    run as in the rollouts and the final answers are graded.
     """
     from gptlab.eval.chat import grade
 
@@ -49,12 +52,11 @@ def heldout(model: GPT, chat: ChatFormat, task, config: GRPOConfig, sampling: Sa
     n = min(config.eval_examples, size) if size else config.eval_examples
     rank, world = _rank_and_world()
     mine = task.examples("test", n)[rank::world]
-    greedy = [g.correct for g in grade(model, chat, task, mine, max_new_tokens=config.max_new_tokens)]
-    prompts = [chat.prompt([{"role": "user", "content": example.question}]) for example in mine]
+    greedy = [g.correct for g in grade(model, chat, task, mine, tools=tools, max_new_tokens=config.max_new_tokens)]
+    prompts = [tool_prompt(chat, [{"role": "user", "content": example.question}], tools) for example in mine]
     groups = rollout(model, prompts, sampling, samples=config.eval_samples, seed=config.seed + 1,
-                     slots=config.slots or None, keys=list(range(rank, n, world)))
-    samples = [sum(task.verify(example, chat.tokenizer.decode([t for t in c.tokens if t not in chat.stop_tokens]))
-                   for c in group) for example, group in zip(mine, groups)]
+                     slots=config.slots or None, keys=list(range(rank, n, world)), tools=tools)
+    samples = [sum(task.verify(example, answer_text(chat, c.tokens, tools)) for c in group) for example, group in zip(mine, groups)]
     if world > 1:
         gathered: list = [None] * world
         torch.distributed.all_gather_object(gathered, (greedy, samples))
@@ -63,9 +65,10 @@ def heldout(model: GPT, chat: ChatFormat, task, config: GRPOConfig, sampling: Sa
     return HeldOut(greedy, samples, config.eval_samples)
 
 
-def heldout_fn(chat: ChatFormat, task, config: GRPOConfig, sampling: SamplingConfig) -> Callable[[GPT], dict[str, float]]:
+def heldout_fn(chat: ChatFormat, task, config: GRPOConfig, sampling: SamplingConfig,
+               tools: ChatTools | None = None) -> Callable[[GPT], dict[str, float]]:
     """model -> the held-out summary, for the Trainer's periodic task_fn."""
-    return lambda model: heldout(model, chat, task, config, sampling).summary(task.name)
+    return lambda model: heldout(model, chat, task, config, sampling, tools).summary(task.name)
 
 
 def compare(before: HeldOut, after: HeldOut) -> str:

@@ -69,6 +69,9 @@ class GRPOConfig(TrainConfig):
     prompt_filter: str = "none"  # learnable: train only on prompts whose start pass rate is between 0 and 1 | none: all
     probe_samples: int = 8  # samples per train prompt to measure the start's pass rate before training (0: no probe)
     probe_prompts: int = 64  # distinct train prompts probed at a time; learnable probes on (up to train_examples) until this many are kept
+    tools: str | None = "auto"  # tools run in rollouts: auto (the task's, when it offers them) | none | a spec (calculator, my.py)
+    tool_calls: int = 8  # most tool calls per completion; the next one gets an error result
+    tool_seconds: float = 20.0  # most seconds all tool calls of one completion may take, each at most half
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -27,11 +27,10 @@ from gptlab.align.logprobs import IGNORE, token_logprobs
 from gptlab.align.rl.grpo_loss import GRPOConfig, group_advantages, token_weights
 from gptlab.align.rl.learnable import FLAT
 from gptlab.align.rl.rewards import Rewards, example_columns
-from gptlab.align.rl.rollout import pad_rows, rollout
-from gptlab.chat.data import load_task, parse_mixture
+from gptlab.align.rl.rollout import answer_text, generated_masks, pad_rows, rollout, tool_stats
+from gptlab.chat.data import task_from_spec
 from gptlab.infer.generate import SamplingConfig
 from gptlab.model import GPT
-from gptlab.runtime import GptlabError
 
 SHOWN_COMPLETIONS = 2  # completions per rollout written to completions.jsonl
 
@@ -97,31 +96,41 @@ class RolloutLoader:
         trainer, config = self.trainer, self.config
         start = time.perf_counter()
         examples = self._examples(rollout)
-        prompts = [trainer.chat.prompt([{"role": "user", "content": example.question}]) for example in examples]
+        prompts = [trainer.prompt_ids(example) for example in examples]
         keys = list(range(rollout * config.prompts_per_step + self.rank, (rollout + 1) * config.prompts_per_step, self.world))
-        groups = rollout_groups(trainer.model, prompts, trainer.sampling, config, seed=[config.seed, rollout], keys=keys)
+        groups = rollout_groups(trainer.model, prompts, trainer.sampling, config, seed=[config.seed, rollout], keys=keys,
+                                tools=trainer.tools)
         completions = [completion for group in groups for completion in group]
-        texts = [trainer.tokenizer.decode([t for t in c.tokens if t not in trainer.chat.stop_tokens]) for c in completions]
+        texts = [answer_text(trainer.chat, c.tokens, trainer.tools) for c in completions]
         repeated = [example for example in examples for _ in range(config.group_size)]
         rewards, means = trainer.score(repeated, texts)
         buffer = {"sequences": [prompts[i // config.group_size] + c.tokens for i, c in enumerate(completions)],
                   "starts": [len(prompts[i // config.group_size]) for i in range(len(completions))],
                   "rewards": rewards, "old": None}
+        self._keep_masks(buffer, completions)
         self._tensors = self._to_tensors(buffer)
         if config.epochs > 1:  # the ratio's denominator: the policy that sampled
             buffer["old"] = self._completion_logprobs(trainer.model)
             self._tensors = self._to_tensors(buffer)
         self.stats = rollout_stats(torch.tensor(rewards).view(-1, config.group_size), completions, means)
+        if trainer.tools is not None:
+            self.stats.update(tool_stats(trainer.chat, completions))
         groups = len(rewards) // config.group_size
         self.flat += self._per_rank(round(self.stats["zero_spread"] * groups)) >= FLAT * self._per_rank(groups)  # every rank's groups
         self.stats["rollout_s"] = time.perf_counter() - start  # sampling and scoring: most of a step's time
         self._show(rollout, repeated, texts, rewards)
         return buffer
 
+    def _keep_masks(self, buffer: dict, completions: list) -> None:
+        """With tools, which completion tokens the model chose (1) and which the tools fed (0: never trained on)."""
+        masks = generated_masks(self.trainer.chat, completions, self.trainer.tools)
+        if masks is not None:  # without tools the record stays as it was
+            buffer["masks"] = masks
+
     def _to_tensors(self, buffer: dict) -> dict[str, torch.Tensor]:
         config, device = self.config, self.trainer.runtime.device
         width = max(len(sequence) for sequence in buffer["sequences"])  # the rollout's longest row, not seq_len: no wasted padding
-        x, y = pad_rows(buffer["sequences"], buffer["starts"], width, device)
+        x, y = pad_rows(buffer["sequences"], buffer["starts"], width, device, masks=buffer.get("masks"))
         rewards = torch.tensor(buffer["rewards"], dtype=torch.float32).view(-1, config.group_size)
         lengths = (y != IGNORE).sum(dim=1).cpu()
         if config.loss == "expert":
@@ -204,10 +213,11 @@ def place(rows: list[list[float]], y: torch.Tensor) -> torch.Tensor:
 
 
 def rollout_groups(model: GPT, prompts: list[list[int]], sampling: SamplingConfig, config: GRPOConfig, seed: list[int],
-                   keys: list[int]) -> list:
+                   keys: list[int], tools=None) -> list:
     """G completions of each prompt, in one engine call; the seed list is folded into one integer."""
     folded = int(np.random.SeedSequence(seed).generate_state(1)[0])
-    return rollout(model, prompts, sampling, samples=config.group_size, seed=folded, slots=config.slots or None, keys=keys)
+    return rollout(model, prompts, sampling, samples=config.group_size, seed=folded, slots=config.slots or None, keys=keys,
+                   tools=tools)
 
 
 def rollout_stats(rewards: torch.Tensor, completions: list, means: dict[str, float]) -> dict[str, float]:
@@ -225,12 +235,7 @@ def rollout_stats(rewards: torch.Tensor, completions: list, means: dict[str, flo
 
 def load_grpo_task(spec: str):
     """A built-in task from `NAME[options]` (or `task:NAME[options]`), e.g. arithmetic[digits=1]."""
-    text = spec.strip()
-    (part,) = parse_mixture(text if text.startswith("task:") else f"task:{text}")
-    if part.n is not None or part.epochs != 1.0 or part.split != "train":
-        raise GptlabError(f"--task {spec}: give the task and its settings only, e.g. arithmetic[digits=1]; "
-                          "use --train-examples and --eval-examples for sizes")
-    return load_task(part.source.removeprefix("task:"), part.task_options)
+    return task_from_spec(spec, "--task", "--train-examples and --eval-examples")
 
 
 def make_scorer(spec: str, task) -> Callable[[list, list[str]], tuple[list[float], dict[str, float]]]:

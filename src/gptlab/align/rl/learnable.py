@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gptlab.align.rl.rollout import rollout
+from gptlab.align.rl.rollout import answer_text, rollout, tool_prompt
 from gptlab.chat import ChatFormat
 from gptlab.infer.generate import SamplingConfig
 from gptlab.model import GPT
@@ -69,14 +69,15 @@ class StartProbe:
 
 
 def sample_rewards(model: GPT, chat: ChatFormat, score: Callable, examples: list, keys: list[int], sampling: SamplingConfig,
-                   *, samples: int, seed: int, slots: int | None, rank: int = 0, world: int = 1) -> list[list[float]]:
+                   *, samples: int, seed: int, slots: int | None, rank: int = 0, world: int = 1, tools=None) -> list[list[float]]:
     """Each example's `samples` rewards; rank r samples examples r, r + world, ... and every rank gets them all."""
     mine = list(range(rank, len(examples), world))
     local: list[list[float]] = []
     if mine:
-        prompts = [chat.prompt([{"role": "user", "content": examples[i].question}]) for i in mine]
-        groups = rollout(model, prompts, sampling, samples=samples, seed=seed, slots=slots, keys=[keys[i] for i in mine])
-        texts = [chat.tokenizer.decode([t for t in c.tokens if t not in chat.stop_tokens]) for group in groups for c in group]
+        prompts = [tool_prompt(chat, [{"role": "user", "content": examples[i].question}], tools) for i in mine]
+        groups = rollout(model, prompts, sampling, samples=samples, seed=seed, slots=slots, keys=[keys[i] for i in mine],
+                         tools=tools)
+        texts = [answer_text(chat, c.tokens, tools) for group in groups for c in group]
         rewards, _ = score([examples[i] for i in mine for _ in range(samples)], texts)
         local = [list(rewards[j * samples : (j + 1) * samples]) for j in range(len(mine))]
     if world == 1:
@@ -87,7 +88,7 @@ def sample_rewards(model: GPT, chat: ChatFormat, score: Callable, examples: list
 
 
 def probe_start(model: GPT, chat: ChatFormat, score: Callable, candidates: list, sampling: SamplingConfig, config, *,
-                rank: int = 0, world: int = 1) -> StartProbe:
+                rank: int = 0, world: int = 1, tools=None) -> StartProbe:
     """The start's rewards on the candidates, `probe_prompts` at a time; with prompt_filter learnable, on until
     `probe_prompts` are learnable or every candidate is probed (one block otherwise: a report only)."""
     seed = int(np.random.SeedSequence([config.seed, PROBE_STREAM]).generate_state(1)[0])
@@ -95,7 +96,8 @@ def probe_start(model: GPT, chat: ChatFormat, score: Callable, candidates: list,
     while len(rewards) < len(candidates):
         block = list(range(len(rewards), min(len(rewards) + config.probe_prompts, len(candidates))))
         rewards += sample_rewards(model, chat, score, [candidates[i] for i in block], block, sampling,
-                                  samples=config.probe_samples, seed=seed, slots=config.slots or None, rank=rank, world=world)
+                                  samples=config.probe_samples, seed=seed, slots=config.slots or None, rank=rank, world=world,
+                                  tools=tools)
         if config.prompt_filter != "learnable" or len(StartProbe(rewards).learnable()) >= config.probe_prompts:
             break
     return StartProbe(rewards)

@@ -42,7 +42,7 @@ from gptlab.align.rl.ppo_loss import DEFAULT_TASK, PPO_PRESETS, PPOConfig, ppo_c
 from gptlab.align.rl.ppo_rollouts import PPORolloutLoader
 from gptlab.align.rl.prompts import Prompt, greedy_rewards, load_prompts, names_verifier, prompt_scorer, reward_change
 from gptlab.align.rl.rm_reward import load_reward_model
-from gptlab.align.rl.rollout import rollout
+from gptlab.align.rl.rollout import answer_text, rollout
 from gptlab.align.rl.scalar import ScalarModel
 from gptlab.model import GPT
 from gptlab.model.hf import load_pretrained_directory
@@ -124,6 +124,7 @@ class PPOTrainer(GRPOTrainer):
                               "them (rows of files and datasets); pass --task NAME for its verifier, or score with rm:DIR, "
                               "judge:URL or file.py:fn")
         self.score = prompt_scorer(config.reward, self.task)
+        self.tools = self._rollout_tools(config)  # auto: the tools of the one task every prompt comes from, if it offers them
         room = min(config.seq_len + 1, config.model.block_size) - config.max_new_tokens
         if room < 1:
             raise GptlabError(f"max_new_tokens {config.max_new_tokens} leaves no room for a prompt in seq_len "
@@ -142,11 +143,6 @@ class PPOTrainer(GRPOTrainer):
             self.print(f"note: {len(prompts) - len(kept)} of {len(prompts)} {label} prompts are longer than {room} tokens "
                        f"(seq_len less max_new_tokens) and left out")
         return kept
-
-    def prompt_ids(self, item) -> list[int]:
-        """A pool item's rendered prompt: a task's Example (its question) or a Prompt (its messages)."""
-        messages = list(item.messages) if isinstance(item, Prompt) else [{"role": "user", "content": item.question}]
-        return self.chat.prompt(messages)
 
     def _check_batch(self, config: PPOConfig) -> None:
         world = self.runtime.world_size
@@ -245,7 +241,8 @@ class PPOTrainer(GRPOTrainer):
         config = self.config
         beta = f"β adaptive from {config.kl_coef} to KL {config.kl_target}" if config.kl_target else f"β {config.kl_coef}"
         self.print(f"each rollout: {config.rollout_prompts} prompts x 1 sample of up to {config.max_new_tokens} tokens "
-                   f"({config.task or config.prompts}, reward {config.reward}, {beta}, value model {config.value_model}); "
+                   f"({config.task or config.prompts}, reward {config.reward}, {beta}, value model {config.value_model}"
+                   f"{f', tools {tools}' if (tools := self._tool_names()) else ''}); "
                    f"{config.ppo_epochs} epochs x {config.minibatches} minibatches = {config.ppo_epochs * config.minibatches} steps per rollout")
 
 
@@ -257,10 +254,11 @@ def heldout_reward(trainer: PPOTrainer, model: GPT) -> float:
     before and after training, so the two means are over the same draws of the sampler's noise."""
     config = trainer.config
     examples = trainer.task.examples("test", min(config.eval_examples, getattr(trainer.task, "test_size", None) or config.eval_examples))
-    prompts = [trainer.chat.prompt([{"role": "user", "content": example.question}]) for example in examples]
+    prompts = [trainer.prompt_ids(example) for example in examples]
     seed = int(np.random.SeedSequence([config.seed, 2]).generate_state(1)[0])
-    groups = rollout(model, prompts, trainer.sampling, samples=config.eval_samples, seed=seed, slots=config.slots or None)
-    texts = [trainer.tokenizer.decode([t for t in c.tokens if t not in trainer.chat.stop_tokens]) for group in groups for c in group]
+    groups = rollout(model, prompts, trainer.sampling, samples=config.eval_samples, seed=seed, slots=config.slots or None,
+                     tools=trainer.tools)
+    texts = [answer_text(trainer.chat, c.tokens, trainer.tools) for group in groups for c in group]
     scores, _ = trainer.score([example for example in examples for _ in range(config.eval_samples)], texts)
     return float(np.mean(scores))
 
@@ -276,12 +274,13 @@ def run_ppo(config: PPOConfig, *, runtime=None, log: Callable[[str], None] = pri
     sampler = chat_sampler(trainer.task.examples("test", 1)[0].question, trainer.config.max_new_tokens)
     trainer.sample_fn = lambda model, tokenizer: sampler(model.policy, tokenizer)
     task, name = trainer.task, trainer.task.name
-    measure = heldout_fn(trainer.chat, task, trainer.config, trainer.sampling)
+    measure = heldout_fn(trainer.chat, task, trainer.config, trainer.sampling, trainer.tools)
     trainer.task_fn = lambda model: {**measure(model.policy), "heldout_reward": heldout_reward(trainer, model.policy)}
 
     def measure_start() -> tuple[HeldOut, float]:
         start = load_pretrained_directory(trainer.init_path, device=trainer.runtime.device)
-        held, reward = heldout(start, trainer.chat, task, trainer.config, trainer.sampling), heldout_reward(trainer, start)
+        held = heldout(start, trainer.chat, task, trainer.config, trainer.sampling, trainer.tools)
+        reward = heldout_reward(trainer, start)
         if trainer.runtime.is_main:
             log(f"before: held-out reward {reward:.4f}; " + describe(held.summary(name), name, config.eval_samples))
         return held, reward
@@ -291,7 +290,7 @@ def run_ppo(config: PPOConfig, *, runtime=None, log: Callable[[str], None] = pri
     start, start_reward = trainer.before
     before, after = {**start.summary(name), "heldout_reward": start_reward}, {}
     if result.status != "interrupted":
-        end = heldout(trainer.model.policy, trainer.chat, task, trainer.config, trainer.sampling)
+        end = heldout(trainer.model.policy, trainer.chat, task, trainer.config, trainer.sampling, trainer.tools)
         after = {**end.summary(name), "heldout_reward": heldout_reward(trainer, trainer.model.policy)}
         if trainer.runtime.is_main:
             log(f"after:  held-out reward {after['heldout_reward']:.4f}; " + describe(after, name, config.eval_samples))
@@ -311,7 +310,8 @@ def _run_with_prompts(trainer: PPOTrainer, log: Callable[[str], None]) -> PPORes
     trainer.sample_fn = lambda model, tokenizer: sampler(model.policy, tokenizer)
 
     def measure(model: GPT) -> list[float]:
-        return greedy_rewards(model, trainer.chat, held, trainer.score, trainer.sampling, slots=config.slots or None)
+        return greedy_rewards(model, trainer.chat, held, trainer.score, trainer.sampling, slots=config.slots or None,
+                              tools=trainer.tools)
 
     def summary(scores: list[float]) -> str:
         return f"held-out reward {float(np.mean(scores)):.4f} on {len(scores)} prompts (greedy replies)"

@@ -69,6 +69,9 @@ class PPOConfig(TrainConfig):
     eval_samples: int = 4  # samples per held-out prompt for pass@1 and pass@k (tasks) and the mean reward
     task_every: int = 0  # steps between held-out evaluations (0: only before and after)
     slots: int = 0  # requests the engine decodes together (0: the whole rollout at once)
+    tools: str | None = "auto"  # tools run in rollouts: auto (the task's, when it offers them) | none | a spec (calculator, my.py)
+    tool_calls: int = 8  # most tool calls per completion; the next one gets an error result
+    tool_seconds: float = 20.0  # most seconds all tool calls of one completion may take, each at most half
 
     def __post_init__(self) -> None:
         super().__post_init__()

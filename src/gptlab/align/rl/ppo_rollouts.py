@@ -6,6 +6,9 @@
     old       one pass without gradients: the policy's log-probs and values, the reference's log-probs
     advantage per-token rewards, GAE and whitening (gptlab.align.rl.ppo_loss), kept as the rollout's record
 
+With tools, the tokens they fed are no targets (gptlab.align.rl.rollout.pad_rows): the old pass, the KL, the values,
+GAE and the losses run over the tokens the policy chose, in order, the fed ones read as context between them.
+
 PPORolloutLoader is the PPO Trainer's "loader": a rollout serves ppo_epochs x minibatches optimizer steps, each
 epoch a new seeded shuffle cut into minibatches, each minibatch into micro-batches whose per-token weights hold
 the minibatch's mean (all ranks together). After each rollout the KL coefficient adapts (when a target is set).
@@ -25,7 +28,7 @@ import torch
 from gptlab.align.logprobs import IGNORE, logits_logprobs, masked_mean, whiten
 from gptlab.align.rl.grpo_rollouts import RolloutLoader, place
 from gptlab.align.rl.ppo_loss import gae, kl_controller, token_rewards
-from gptlab.align.rl.rollout import pad_rows, rollout
+from gptlab.align.rl.rollout import answer_text, pad_rows, rollout, tool_stats
 
 PER_TOKEN = ("old_logp", "old_values", "advantages", "returns")  # the rollout's per-completion-token lists
 
@@ -67,17 +70,21 @@ class PPORolloutLoader(RolloutLoader):
         prompts = [trainer.prompt_ids(example) for example in examples]  # a task's question or a Prompt's messages
         keys = list(range(rollout_index * config.rollout_prompts + self.rank, (rollout_index + 1) * config.rollout_prompts, self.world))
         folded = int(np.random.SeedSequence([config.seed, rollout_index]).generate_state(1)[0])
-        groups = rollout(trainer.model.policy, prompts, trainer.sampling, samples=1, seed=folded, slots=config.slots or None, keys=keys)
+        groups = rollout(trainer.model.policy, prompts, trainer.sampling, samples=1, seed=folded, slots=config.slots or None,
+                         keys=keys, tools=trainer.tools)
         completions = [group[0] for group in groups]
-        texts = [trainer.tokenizer.decode([t for t in c.tokens if t not in trainer.chat.stop_tokens]) for c in completions]
+        texts = [answer_text(trainer.chat, c.tokens, trainer.tools) for c in completions]
         scores, means = trainer.score(examples, texts)
         buffer = {"sequences": [prompt + c.tokens for prompt, c in zip(prompts, completions)],
                   "starts": [len(prompt) for prompt in prompts], "scores": scores,
                   "stopped": [c.stopped for c in completions]}
+        self._keep_masks(buffer, completions)  # with tools: the fed tokens, which no term of the loss counts
         buffer.update(self._advantages(buffer))
         self._tensors = self._to_tensors(buffer)
         self.stats["rollout_s"] = time.perf_counter() - start  # sampling, scoring and the old pass: most of a step's time
         self.stats.update({f"reward_{name}": value for name, value in means.items()})
+        if trainer.tools is not None:
+            self.stats.update(tool_stats(trainer.chat, completions))
         self._show(rollout_index, examples, texts, scores)
         return buffer
 
@@ -85,7 +92,7 @@ class PPORolloutLoader(RolloutLoader):
         """The old pass, per-token rewards, GAE and whitening; β adapts to the rollout's KL afterwards."""
         config, device = self.config, self.trainer.runtime.device
         width = max(len(sequence) for sequence in buffer["sequences"])  # the rollout's longest row: no wasted padding
-        x, y = pad_rows(buffer["sequences"], buffer["starts"], width, device)
+        x, y = pad_rows(buffer["sequences"], buffer["starts"], width, device, masks=buffer.get("masks"))
         logp, values = self._no_grad(self.trainer.model, x, y)
         reference, _ = self._no_grad(self.trainer.reference, x, y)
         mask = left_align(y != IGNORE, y).float()
@@ -145,7 +152,7 @@ class PPORolloutLoader(RolloutLoader):
 
     def _to_tensors(self, buffer: dict) -> dict[str, torch.Tensor]:
         width = max(len(sequence) for sequence in buffer["sequences"])
-        x, y = pad_rows(buffer["sequences"], buffer["starts"], width, self.trainer.runtime.device)
+        x, y = pad_rows(buffer["sequences"], buffer["starts"], width, self.trainer.runtime.device, masks=buffer.get("masks"))
         return {"x": x, "y": y, **{name: place(buffer[name], y) for name in PER_TOKEN}}
 
     def _micro_batches(self, served: int) -> list[tuple]:

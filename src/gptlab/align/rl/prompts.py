@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from gptlab.align.preference.pairs import parse_pair, read_rows
 from gptlab.align.rl.rewards import VERIFIER, Rewards
-from gptlab.align.rl.rollout import rollout
+from gptlab.align.rl.rollout import answer_text, rollout, tool_prompt
 from gptlab.chat import ChatFormat
 from gptlab.chat.data import (
     ON_ERROR,
@@ -236,14 +236,15 @@ def prompt_scorer(spec: str, task=None) -> Callable[[list[Prompt], list[str]], t
 
 
 def greedy_rewards(model, chat: ChatFormat, prompts: list[Prompt], score, sampling: SamplingConfig, *,
-                   slots: int | None = None) -> list[float]:
+                   slots: int | None = None, tools=None) -> list[float]:
     """Each held-out prompt's reward for the model's greedy reply: the same replies on every call with the same
     weights, so before and after differ by what training changed alone."""
     if not prompts:
         return []
     greedy = dataclasses.replace(sampling, temperature=0.0)
-    groups = rollout(model, [chat.prompt(list(p.messages)) for p in prompts], greedy, samples=1, slots=slots)
-    texts = [chat.tokenizer.decode([t for t in group[0].tokens if t not in chat.stop_tokens]) for group in groups]
+    groups = rollout(model, [tool_prompt(chat, list(p.messages), tools) for p in prompts], greedy, samples=1, slots=slots,
+                     tools=tools)
+    texts = [answer_text(chat, group[0].tokens, tools) for group in groups]
     return score(prompts, texts)[0]
 
 
