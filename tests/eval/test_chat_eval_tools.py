@@ -106,3 +106,24 @@ def test_tool_model_without_its_tools_block_gets_no_tools(tool_chat):
     model, chat = tool_chat
     answers = replies(model, chat, [TASK.examples("train", 1)[0].question], max_new_tokens=8)
     assert answers[0].fed == answers[0].calls == 0 and answers[0].generated == len(answers[0].ids)
+
+
+def test_task_accuracy_answers_a_task_that_offers_tools_with_its_own_tools(tool_chat):
+    """What SFT and DPO report before and after: a tool task answered with its tools, as `gptlab eval` would."""
+    from gptlab.eval.chat import task_accuracy_fn
+    from gptlab.tools.turn import tasks_own_tools
+
+    model, chat = tool_chat
+    with_tools = task_accuracy_fn(chat, [TASK], TOOL_QUESTIONS, split="train", tools=tasks_own_tools(chat))(model)
+    without = task_accuracy_fn(chat, [TASK], TOOL_QUESTIONS, split="train")(model)
+    assert with_tools["arithmetic_accuracy"] >= (TOOL_QUESTIONS - 1) / TOOL_QUESTIONS > without["arithmetic_accuracy"]
+
+
+def test_a_reply_with_tools_has_room_for_the_results_fed_back(tool_chat):
+    """The tool model's replies take about 34 tokens of its own and 6 fed: a budget of 30 alone would cut every one,
+    so with tools the fed results get room beyond it (the context permitting)."""
+    model, chat = tool_chat
+    tools = chat_tools(chat, load_tools("calculator"))
+    tight = evaluate_task(model, chat, TASK, n=TOOL_QUESTIONS, split="train", tools=tools, max_new_tokens=30)
+    roomy = evaluate_task(model, chat, TASK, n=TOOL_QUESTIONS, split="train", tools=tools, max_new_tokens=80)
+    assert tight == roomy and tight["correct"] >= TOOL_QUESTIONS - 1

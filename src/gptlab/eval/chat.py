@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -49,6 +49,8 @@ from gptlab.infer.generate import SamplingConfig, generate
 from gptlab.infer.tool_loop import ToolTurn
 from gptlab.model import GPT
 from gptlab.runtime import GptlabError
+
+TOOL_ROOM = 48  # tokens beyond max_new_tokens a reply with tools may take, for the results fed back
 
 
 class Graded(NamedTuple):
@@ -110,6 +112,13 @@ def tool_reply(chat: ChatFormat, ids: list[int]) -> Reply:
     return Reply(final_answer(chat, ids), ids, fed=fed, calls=calls)
 
 
+def tool_budget(config: SamplingConfig, model: GPT, prompts: list[list[int]]) -> SamplingConfig:
+    """With tools, the results fed back take room too: up to TOOL_ROOM more tokens, as far as the context has room
+    after the batch's longest prompt (never fewer than asked)."""
+    room = model.config.block_size - max(len(prompt) for prompt in prompts)
+    return replace(config, max_new_tokens=max(config.max_new_tokens, min(config.max_new_tokens + TOOL_ROOM, room)))
+
+
 def replies(
     model: GPT,
     chat: ChatFormat,
@@ -137,8 +146,9 @@ def replies(
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
             loops = {} if tools is None else {"tools": [tools.turn() for _ in rows]}  # without tools: the call as before
+            batch = config if tools is None else tool_budget(config, model, [prompts[i] for i in rows])
             with autocast or nullcontext():
-                outputs = generate(model, [prompts[i] for i in rows], config, truncate=True, **loops)
+                outputs = generate(model, [prompts[i] for i in rows], batch, truncate=True, **loops)
             for i, ids in zip(rows, outputs):
                 # an untrained model may emit ids that no token uses (the vocabulary's gaps): they spell nothing
                 answers[i] = tool_reply(chat, ids) if tools is not None else \

@@ -27,6 +27,7 @@ from gptlab.eval.chat import ChatTools
 from gptlab.infer.tool_loop import ToolStep
 from gptlab.runtime import GptlabError
 from gptlab.tools.base import Toolbox
+from gptlab.tools.registry import task_toolbox
 from gptlab.tools.results import ToolResult
 
 NOT_HERE = "error: no tool called {name!r} runs here"
@@ -106,6 +107,12 @@ def chat_tools(chat: ChatFormat, toolbox: Toolbox | None) -> ChatTools | None:
         return None
     ToolTurn(chat, toolbox)  # raises for a chat model made before tool use
     return ChatTools(tuple(toolbox.specs()), lambda: ToolTurn(chat, toolbox))
+
+
+def tasks_own_tools(chat: ChatFormat) -> Callable[[object], ChatTools | None]:
+    """For gptlab.eval.chat.task_accuracy_fn: a task that offers tools is answered with them (its own built-ins),
+    others without; a model without the tool tokens answers everything without."""
+    return lambda task: chat_tools(chat, task_toolbox("auto", task)) if chat.supports_tools else None
 
 
 def reply_messages(chat: ChatFormat, tokens: Sequence[int], make_id: Callable[[int], str] = lambda k: f"call_{k + 1}") -> list[dict]:

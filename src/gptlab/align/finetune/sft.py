@@ -280,11 +280,12 @@ def run_sft(config: SFTConfig, *, runtime=None, log: Callable[[str], None] = pri
     """Fine-tune, with held-out task accuracy before and after (every rank calls this under torchrun); `flags` is the
     prefix of the command's flags in its hints (gptlab run: "sft.")."""
     from gptlab.eval.chat import task_accuracy_fn
+    from gptlab.tools.turn import tasks_own_tools
 
     chosen = config.eval_tasks()
     trainer = SFTTrainer(config, runtime=runtime, log=log, resume=resume, force=force,
                          sample_fn=chat_sampler(chosen[0].examples("test", 1)[0].question) if chosen else None)
-    tasks = task_accuracy_fn(trainer.chat, chosen, config.task_examples) if chosen else None
+    tasks = task_accuracy_fn(trainer.chat, chosen, config.task_examples, tools=tasks_own_tools(trainer.chat)) if chosen else None
     trainer.task_fn = tasks
     warning = epochs_warning(trainer.config, trainer.mixtures["train"], trainer.chat, flags)
     if warning:
@@ -297,7 +298,8 @@ def run_sft(config: SFTConfig, *, runtime=None, log: Callable[[str], None] = pri
     if tasks is not None and result.status != "interrupted":
         after = tasks(trainer.model)
         # the same measure on questions it trained on: learning what it was taught, apart from generalising
-        seen = task_accuracy_fn(trainer.chat, chosen, config.task_examples, split="train")(trainer.model)
+        seen = task_accuracy_fn(trainer.chat, chosen, config.task_examples, split="train",
+                               tools=tasks_own_tools(trainer.chat))(trainer.model)
     rows = dict(trainer.train_loader.stats) if hasattr(trainer, "train_loader") else {}
     if trainer.runtime.is_main:
         if rows.get("truncated") or rows.get("dropped"):

@@ -387,11 +387,12 @@ def run_dpo(config: DPOConfig, *, runtime=None, log: Callable[[str], None] = pri
             force: bool = False) -> DPOResult:
     """Align with DPO, with held-out preference and task accuracy before and after (every rank calls this)."""
     from gptlab.eval.chat import task_accuracy_fn
+    from gptlab.tools.turn import tasks_own_tools
 
     chosen = config.eval_tasks()
     trainer = DPOTrainer(config, runtime=runtime, log=log, resume=resume, force=force,
                          sample_fn=chat_sampler(chosen[0].examples("test", 1)[0].question) if chosen else None)
-    tasks = task_accuracy_fn(trainer.chat, chosen, config.task_examples) if chosen else None
+    tasks = task_accuracy_fn(trainer.chat, chosen, config.task_examples, tools=tasks_own_tools(trainer.chat)) if chosen else None
     trainer.task_fn = tasks  # every task_every steps too
     def measure_start() -> dict[str, float]:
         init, figures = trainer.start.model(trainer.runtime.device), {}
