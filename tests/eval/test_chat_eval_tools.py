@@ -116,7 +116,7 @@ def test_task_accuracy_answers_a_task_that_offers_tools_with_its_own_tools(tool_
     model, chat = tool_chat
     with_tools = task_accuracy_fn(chat, [TASK], TOOL_QUESTIONS, split="train", tools=tasks_own_tools(chat))(model)
     without = task_accuracy_fn(chat, [TASK], TOOL_QUESTIONS, split="train")(model)
-    assert with_tools["arithmetic_accuracy"] >= (TOOL_QUESTIONS - 1) / TOOL_QUESTIONS > without["arithmetic_accuracy"]
+    assert with_tools["arithmetic_tools_accuracy"] >= (TOOL_QUESTIONS - 1) / TOOL_QUESTIONS > without["arithmetic_accuracy"]
 
 
 def test_a_reply_with_tools_has_room_for_the_results_fed_back(tool_chat):
@@ -127,3 +127,16 @@ def test_a_reply_with_tools_has_room_for_the_results_fed_back(tool_chat):
     tight = evaluate_task(model, chat, TASK, n=TOOL_QUESTIONS, split="train", tools=tools, max_new_tokens=30)
     roomy = evaluate_task(model, chat, TASK, n=TOOL_QUESTIONS, split="train", tools=tools, max_new_tokens=80)
     assert tight == roomy and tight["correct"] >= TOOL_QUESTIONS - 1
+
+
+def test_task_accuracy_keeps_one_task_in_two_settings_apart(tool_chat):
+    """A mixture may hold a task with and without tools (TOOL_MIXTURE does): each gets its own figure."""
+    from gptlab.eval.chat import accuracy_keys, task_accuracy_fn
+    from gptlab.tools.turn import tasks_own_tools
+
+    model, chat = tool_chat
+    plain = Arithmetic(digits=2, ops="*", work=0)
+    figures = task_accuracy_fn(chat, [TASK, plain, plain], 4, split="train", tools=tasks_own_tools(chat))(model)
+    assert list(figures) == ["arithmetic_tools_accuracy", "arithmetic_accuracy", "arithmetic_2_accuracy"]
+    assert figures["arithmetic_tools_accuracy"] > figures["arithmetic_accuracy"] == figures["arithmetic_2_accuracy"]
+    assert accuracy_keys(["a", "b", "a", "a"]) == ["a_accuracy", "b_accuracy", "a_2_accuracy", "a_3_accuracy"]

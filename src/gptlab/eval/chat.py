@@ -240,14 +240,24 @@ def task_accuracy_fn(chat: ChatFormat, task_names: list[str | Task], n: int, *,
     whose held-out split is smaller than n is evaluated on all of it.
     """
     tasks = [name if isinstance(name, Task) else get_task(name) for name in task_names]
-    offered = {id(task): tools(task) if tools is not None else None for task in tasks}  # loaded now: a bad one raises here
+    offered = [tools(task) if tools is not None else None for task in tasks]  # loaded now: a bad one raises here
+    keys = accuracy_keys([task.name + ("_tools" if offer is not None else "") for task, offer in zip(tasks, offered)])
 
     def evaluate(model: GPT) -> dict[str, float]:
-        return {f"{task.name}_accuracy": evaluate_task(model, chat, task, n=_capped(task, n, options), tools=offered[id(task)],
-                                                       **options)["accuracy"]
-                for task in tasks}
+        return {key: evaluate_task(model, chat, task, n=_capped(task, n, options), tools=offer, **options)["accuracy"]
+                for key, task, offer in zip(keys, tasks, offered)}
 
     return evaluate
+
+
+def accuracy_keys(names: list[str]) -> list[str]:
+    """"<name>_accuracy" per task; a name met again (one task in two settings) gets _2, _3, ... so none is lost."""
+    seen: dict[str, int] = {}
+    keys = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        keys.append(f"{name}_accuracy" if seen[name] == 1 else f"{name}_{seen[name]}_accuracy")
+    return keys
 
 
 def _capped(task: Task, n: int, options: dict) -> int:
