@@ -1,6 +1,9 @@
 """A screenshot of the web chat mid-conversation, for the README: docs/web-chat.png.
 
     python bench/screenshot_web_chat.py [MODEL] [--out docs/web-chat.png]
+    python bench/screenshot_web_chat.py runs/tools-rl --tools calculator --out docs/img/web-chat-tools.png
+
+With --tools SPEC the server runs those tools (gptlab serve --tools) and the questions are sums and products.
 
 MODEL is any chat model `gptlab serve` reads (after `gptlab sft`); without one, a tiny
 untrained chat model is made in a temporary folder (its replies are noise). Needs
@@ -20,6 +23,7 @@ from browser import open_browser
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = ["What is 3 + 4?", "Spell the word \"crown\" letter by letter."]  # the demo's fine-tuning tasks
+TOOL_QUESTIONS = ["What is 4821 * 3907?", "What is 736 + 9458?"]  # held-out questions of the tool-use recipe
 
 
 def make_random_chat_model(folder: Path) -> Path:
@@ -39,8 +43,9 @@ def make_random_chat_model(folder: Path) -> Path:
     return folder
 
 
-def start_server(model: Path) -> tuple[subprocess.Popen, str]:
-    command = [sys.executable, "-m", "gptlab", "serve", str(model), "--port", "0", "--name", model.name]
+def start_server(model: Path, tools: str | None = None) -> tuple[subprocess.Popen, str]:
+    command = [sys.executable, "-m", "gptlab", "serve", str(model), "--port", "0", "--name", model.name,
+               *(["--tools", tools] if tools else [])]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in process.stdout:
         found = re.search(r"http://127\.0\.0\.1:\d+/", line)
@@ -49,7 +54,7 @@ def start_server(model: Path) -> tuple[subprocess.Popen, str]:
     raise SystemExit(f"gptlab serve exited ({process.wait()}) before listening")
 
 
-def converse(driver, url: str, out: Path) -> None:
+def converse(driver, url: str, out: Path, questions: list[str]) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -65,7 +70,7 @@ def converse(driver, url: str, out: Path) -> None:
         find(field).clear()
         find(field).send_keys(value)
     find("#settings summary").click()  # folded again: the conversation fills the picture
-    for question in QUESTIONS:
+    for question in questions:
         find("#input").send_keys(question)
         find("#send").click()
         wait.until(lambda _: find("#composer").get_attribute("aria-busy") == "false")
@@ -78,18 +83,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", type=Path, help="a chat model folder (default: a tiny random one)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "web-chat.png")
+    parser.add_argument("--tools", help="tools the server runs (gptlab serve --tools SPEC), e.g. calculator")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as temporary:
         model = args.model or make_random_chat_model(Path(temporary) / "random-chat-model")
-        process, url = start_server(model)
+        process, url = start_server(model, args.tools)
         driver = open_browser("960,720")
         try:
-            converse(driver, url, args.out)
+            converse(driver, url, args.out, TOOL_QUESTIONS if args.tools else QUESTIONS)
         finally:
             driver.quit()
             process.terminate()
             process.wait(timeout=30)
-    print(f"wrote {args.out}  (python bench/screenshot_web_chat.py {args.model or ''})")
+    print(f"wrote {args.out}  (python bench/screenshot_web_chat.py {' '.join(sys.argv[1:])})")
 
 
 if __name__ == "__main__":

@@ -43,8 +43,8 @@ HELD_OUT = {  # name -> (task, its options, the tools offered "with tools", the 
     "compute (python)": ("compute", {}, "python", 0.4),
 }
 SAMPLED = 0.8  # `gptlab chat`'s default temperature: answers sampled as a chat samples them, with tools
-RL_TASK = "arithmetic[digits=4,min_digits=2,ops=+*,tools=1,work=0]"
-RL_FLAGS = ["--max-steps", "40", "--max-new-tokens", "64", "--prompts-per-step", "16", "--group-size", "8",
+RL_TASK = "arithmetic[digits=4,min_digits=3,ops=+*,tools=1,work=0]"  # its train split: never a held-out question
+RL_FLAGS = ["--max-steps", "60", "--max-new-tokens", "64", "--optimizer.lr", "2e-4", "--probe-prompts", "256",
             "--eval-examples", "50", "--eval-samples", "4"]
 
 

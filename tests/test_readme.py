@@ -108,6 +108,9 @@ CURATE = "gptlab data curate crawl/*.warc.gz"
 SFT = "gptlab sft --init runs/shakespeare/train --data \"task:arithmetic[n=20000,digits=1], examples/chats.jsonl@2\""
 SFT_ARITH = "gptlab sft  --init runs/shakespeare/train --data \"task:arithmetic[n=40000,digits=2]\" --max-steps 400"
 RM = "gptlab rm   --init runs/shakespeare/sft --out runs/rm"
+SFT_TOOLS = "gptlab sft --init runs/shakespeare/train --preset sft-tools --out runs/tools"
+GRPO_TOOLS = ("gptlab grpo --init runs/tools --out runs/tools-rl --task \"arithmetic[digits=4,min_digits=3,ops=+*,tools=1,work=0]\" "
+              "--max-steps 60 --max-new-tokens 64 --optimizer.lr 2e-4 --probe-prompts 256")
 MOE_TRAIN = "gptlab train --data runs/shakespeare/data --out runs/moe"
 FIT = "gptlab fit sweeps/mini --target 1e14 1e16"
 SP_TRAIN = "gptlab tokenizer train --style sentencepiece --corpus shakespeare --vocab-size 8000 --out sp8k/"
@@ -206,6 +209,18 @@ RUNS: dict[str, Scale] = {
     "gptlab chat runs/shakespeare/sft --best-of 4": Scale(extra=("--max-tokens", "8", "--seed", "0"), needs=(RM,),
                                                           stdin="What is 3 + 4?\n"),
     "gptlab grpo --init runs/sft --task \"arithmetic[digits=1]\" --loss dapo": Scale(extra=GRPO_SMALL, needs=(SFT,)),
+    # tool use
+    SFT_TOOLS: Scale(extra=TUNE_SMALL),
+    GRPO_TOOLS: Scale(extra=GRPO_SMALL, needs=(SFT_TOOLS,)),
+    "gptlab chat runs/tools-rl --tools calculator --temperature 0": Scale(extra=("--max-tokens", "24", "--seed", "0"), needs=(SFT_TOOLS, GRPO_TOOLS),
+                                                          stdin="What is 4821 * 3907?\n"),
+    "gptlab eval runs/tools-rl --chat-task \"arithmetic[digits=4,min_digits=3,ops=+*]\" --tools calculator": Scale(
+        extra=("--limit", "4"), needs=(SFT_TOOLS, GRPO_TOOLS)),
+    "gptlab eval runs/tools-rl --chat-task \"arithmetic[digits=4,min_digits=3,ops=+*]\" --tools none": Scale(
+        extra=("--limit", "4"), needs=(SFT_TOOLS, GRPO_TOOLS)),
+    "gptlab serve runs/tools-rl --tools calculator": Scale(needs=(SFT_TOOLS, GRPO_TOOLS), serve=True),
+    "from gptlab.tools import load_tools\nfrom gptlab.tools.turn import ToolTurn": Scale(needs=(SFT_TOOLS, GRPO_TOOLS)),
+    "# my_tools.py": Scale(),
     # systems
     "gptlab profile --out prof": Scale(extra=PROFILE_SMALL),
     "gptlab profile --out prof-ac --activation-checkpointing": Scale(extra=PROFILE_SMALL),
