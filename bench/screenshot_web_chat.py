@@ -3,7 +3,7 @@
     python bench/screenshot_web_chat.py [MODEL] [--out docs/web-chat.png]
     python bench/screenshot_web_chat.py runs/tools-rl --tools calculator --out docs/img/web-chat-tools.png
 
-With --tools SPEC the server runs those tools (gptlab serve --tools) and the questions are sums and products.
+With --tools SPEC the server runs those tools (gptlab serve --tools) and the question is a product.
 
 MODEL is any chat model `gptlab serve` reads (after `gptlab sft`); without one, a tiny
 untrained chat model is made in a temporary folder (its replies are noise). Needs
@@ -23,7 +23,7 @@ from browser import open_browser
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = ["What is 3 + 4?", "Spell the word \"crown\" letter by letter."]  # the demo's fine-tuning tasks
-TOOL_QUESTIONS = ["What is 4821 * 3907?", "What is 736 + 9458?"]  # held-out questions of the tool-use recipe
+TOOL_QUESTIONS = ["What is 4821 * 3907?"]  # the tool-use recipe's model learned one-question conversations only
 
 
 def make_random_chat_model(folder: Path) -> Path:
@@ -54,7 +54,7 @@ def start_server(model: Path, tools: str | None = None) -> tuple[subprocess.Pope
     raise SystemExit(f"gptlab serve exited ({process.wait()}) before listening")
 
 
-def converse(driver, url: str, out: Path, questions: list[str]) -> None:
+def converse(driver, url: str, out: Path, questions: list[str], max_tokens: int = 48) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -66,7 +66,7 @@ def converse(driver, url: str, out: Path, questions: list[str]) -> None:
     wait.until(lambda _: find("#model").text not in ("", "connecting…"))
     find("#settings summary").click()
     # no system prompt: the demo's model was fine-tuned on conversations without one
-    for field, value in (("#temperature", "0"), ("#max-tokens", "48")):
+    for field, value in (("#temperature", "0"), ("#max-tokens", str(max_tokens))):
         find(field).clear()
         find(field).send_keys(value)
     find("#settings summary").click()  # folded again: the conversation fills the picture
@@ -90,7 +90,8 @@ def main() -> None:
         process, url = start_server(model, args.tools)
         driver = open_browser("960,720")
         try:
-            converse(driver, url, args.out, TOOL_QUESTIONS if args.tools else QUESTIONS)
+            # with tools, an answer holds the results fed back too (about 35 tokens of its own and 8 fed)
+            converse(driver, url, args.out, *((TOOL_QUESTIONS, 64) if args.tools else (QUESTIONS, 48)))
         finally:
             driver.quit()
             process.terminate()
