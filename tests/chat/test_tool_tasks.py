@@ -241,3 +241,15 @@ def test_get_task_builds_the_tool_tasks_from_their_names_and_options():
     assert get_task("word_problems", digits=3) == WordProblems(digits=3)
     assert get_task("compute", tools=0) == Compute(tools=0)
     assert get_task("arithmetic", digits=4, min_digits=3, ops="+*", tools=1).offers_tools
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("arithmetic[digits=3", "write NAME or NAME[option=value,...]"),
+    ("arithmetic, spelling", "name one task"),
+    ("arithmetic[n=5]", "give the task and its settings only"),
+])
+def test_task_from_spec_refuses_what_is_not_one_task_with_one_line(spec, message):
+    from gptlab.chat.data import task_from_spec
+
+    with pytest.raises(GptlabError, match=re.escape(message)):
+        task_from_spec(spec, "--chat-task", sizes="--limit")

@@ -350,7 +350,13 @@ def task_from_spec(spec: str, flag: str = "--task", sizes: str = "") -> object:
     """A built-in task from `NAME[options]` (or `task:NAME[options]`), e.g. arithmetic[digits=1]; `sizes` says which
     flags set how many examples (a spec's n= is refused)."""
     text = spec.strip()
-    (part,) = parse_mixture(text if text.startswith("task:") else f"task:{text}")
+    try:
+        parts = parse_mixture(text if text.startswith("task:") else f"task:{text}")
+    except GptlabError:
+        raise GptlabError(f"{flag} {spec!r}: write NAME or NAME[option=value,...], e.g. arithmetic[digits=1]") from None
+    if len(parts) != 1:
+        raise GptlabError(f"{flag} {spec!r}: name one task, e.g. arithmetic[digits=1]")
+    (part,) = parts
     if part.n is not None or part.epochs != 1.0 or part.split != "train":
         raise GptlabError(f"{flag} {spec}: give the task and its settings only, e.g. arithmetic[digits=1]"
                           + (f"; use {sizes} for sizes" if sizes else ""))
