@@ -695,6 +695,9 @@ def test_another_tools_command_is_checked_against_the_repository():
 
 @pytest.mark.parametrize("command", NOT_RUN, ids=short)
 def test_readme_command_that_cannot_run_here_still_parses(command):
+    if command.language == "python":  # a snippet that needs what is not here (a live server): it compiles at least
+        compile(command.text, f"{command.page}:{command.line}", "exec")
+        return
     argv = gptlab_argv(command.text)
     if argv is None:
         check_other_tool(command.text)
