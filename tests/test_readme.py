@@ -210,7 +210,8 @@ RUNS: dict[str, Scale] = {
                                                           stdin="What is 3 + 4?\n"),
     "gptlab grpo --init runs/sft --task \"arithmetic[digits=1]\" --loss dapo": Scale(extra=GRPO_SMALL, needs=(SFT,)),
     # tool use
-    SFT_TOOLS: Scale(extra=TUNE_SMALL),
+    SFT_TOOLS: Scale(extra=(*TUNE_SMALL, "--data", "task:arithmetic[n=200,digits=4,min_digits=2,ops=+*,tools=1,work=0], "
+                            "task:word_problems[n=50], task:compute[n=50]", "--tasks", "none")),  # the preset's 53,000: seconds
     GRPO_TOOLS: Scale(extra=GRPO_SMALL, needs=(SFT_TOOLS,)),
     "gptlab chat runs/tools-rl --tools calculator --temperature 0": Scale(extra=("--max-tokens", "24", "--seed", "0"), needs=(SFT_TOOLS, GRPO_TOOLS),
                                                           stdin="What is 4821 * 3907?\n"),
