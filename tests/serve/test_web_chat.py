@@ -38,12 +38,17 @@ def start_server(model: Path, *options: str) -> tuple[subprocess.Popen, str]:
     raise AssertionError("gptlab serve exited before listening:\n" + "".join(output))
 
 
-@pytest.fixture(scope="module")
-def server(chat_model):
-    process, url = start_server(chat_model)
+def serving(folder, *flags: str):
+    """A module fixture's body: `gptlab serve FOLDER FLAGS...` running while the module's tests use its URL."""
+    process, url = start_server(folder, *flags)
     yield url
     process.terminate()
     process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(chat_model):
+    yield from serving(chat_model)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from gptlab.load.decoding import load_for_decoding
 from gptlab.tools import load_tools
 from gptlab.tools.turn import ToolTurn
 from tests.serve.browser import headless_chromium
-from tests.serve.test_web_chat import Page, start_server
+from tests.serve.test_web_chat import Page, serving
 
 pytestmark = pytest.mark.xdist_group("web_chat")
 MAX_TOKENS = 60
@@ -20,10 +20,7 @@ MAX_TOKENS = 60
 
 @pytest.fixture(scope="module")
 def server(tool_model):
-    process, url = start_server(tool_model, "--tools", "calculator")
-    yield url
-    process.terminate()
-    process.wait(timeout=30)
+    yield from serving(tool_model, "--tools", "calculator")
 
 
 @pytest.fixture(scope="module")
