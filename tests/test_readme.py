@@ -660,6 +660,27 @@ def gptlab_argv(text: str) -> list[str] | None:
 
 
 EXTERNAL_RUNTIMES = ("llama-cli", "llama-server", "ollama")
+OUTPUT_FLAGS = ("--out", "--json")  # what a script writes: a path of its own, not one an earlier command made
+DEMO_RUN = "runs/shakespeare"  # what `gptlab run` (make demo) writes
+
+
+def documented_runs() -> set[str]:
+    """The run folders the pages' commands write: the demo's, and each `--out runs/NAME`."""
+    written = {DEMO_RUN}
+    for command in COMMANDS:
+        if command.language == "shell":
+            words = shlex.split(command.text)
+            written |= {value for flag, value in zip(words, words[1:]) if flag == "--out" and value.startswith("runs/")}
+    return written
+
+
+def check_run_paths(argv: list[str]) -> None:
+    """A `runs/` path a script reads is one a documented command writes (it is the user's, never in the repository)."""
+    outputs = {value for flag, value in zip(argv, argv[1:]) if flag in OUTPUT_FLAGS}
+    read = [word for word in argv[1:] if word.startswith("runs/") and word not in outputs]
+    runs = documented_runs()
+    unmade = [word for word in read if not any(word == run or word.startswith(run + "/") for run in runs)]
+    assert not unmade, f"no documented command writes {unmade}"
 
 
 def check_other_tool(text: str) -> None:
@@ -676,7 +697,8 @@ def check_other_tool(text: str) -> None:
         return
     paths = [word for word in argv[1:] if "/" in word and not word.startswith("-")]
     assert paths, f"a command of another tool that names no file of the repository: {text}"
-    missing = [path for path in paths if not (ROOT / path).exists()]
+    check_run_paths(argv)
+    missing = [path for path in paths if not path.startswith("runs/") and not (ROOT / path).exists()]
     assert not missing, f"no such file in the repository: {missing}"
     script = next((ROOT / path for path in paths if path.endswith(".py")), None)
     if script is not None:
@@ -692,6 +714,9 @@ def test_another_tools_command_is_checked_against_the_repository():
         check_other_tool(".venv/bin/python bench/parallel.py --no-such-flag 1")
     with pytest.raises(AssertionError, match="no such file"):
         check_other_tool(".venv/bin/python bench/no_such_bench.py")
+    check_other_tool(".venv/bin/python bench/tool_use.py --base runs/shakespeare/train --json runs/x/results.json")
+    with pytest.raises(AssertionError, match="no documented command writes"):
+        check_other_tool(".venv/bin/python bench/tool_use.py --base runs/never-made/train")
 
 
 @pytest.mark.parametrize("command", NOT_RUN, ids=short)
